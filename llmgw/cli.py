@@ -1,0 +1,137 @@
+"""Command line: parse options, build the parts, run them, report, choose the exit code.
+
+Nothing here decides anything about a catalogue; the stages do (lint, place, plan),
+and reporters turn their results into text.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from llmgw import __version__
+from llmgw.errors import LlmgwError
+from llmgw.lint import LintResult, lint
+from llmgw.plan import build_plan, dump_plan, read_plan
+from llmgw.report import REPORTERS
+
+# Exit codes shared by every command.
+EXIT_OK, EXIT_FINDINGS, EXIT_CANNOT_RUN = 0, 1, 2
+
+
+def _use_color(stream: object) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class _Group(click.Group):
+    """Turns an LlmgwError anywhere below into its sentence and exit 2."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except LlmgwError as exc:
+            click.echo(f"llmgw: {exc}", err=True)
+            ctx.exit(EXIT_CANNOT_RUN)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="llmgw")
+def main() -> None:
+    """Compile a catalogue of models into a plan, and serve it."""
+
+
+catalog_argument = click.argument(
+    "catalog", type=click.Path(path_type=Path), default=Path("catalog"), required=False
+)
+fleet_option = click.option(
+    "--fleet",
+    "fleet_path",
+    type=click.Path(path_type=Path),
+    default=Path("fleet.yaml"),
+    show_default=True,
+    help="Fleet inventory the catalogue is linted and placed against.",
+)
+
+
+@main.command("lint")
+@catalog_argument
+@fleet_option
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(sorted(REPORTERS)),
+    default="text",
+    show_default=True,
+)
+@click.option("--strict", is_flag=True, help="Warnings fail the run too.")
+def lint_command(catalog: Path, fleet_path: Path, fmt: str, strict: bool) -> None:
+    """Check every model file against the schema and the fleet; report every finding."""
+    result = lint(catalog, fleet_path)
+    reporter = REPORTERS[fmt]
+    out = click.get_text_stream("stdout")
+    reporter(result.findings, out, color=_use_color(out))
+    if fmt == "text":
+        click.echo(_summary(result), err=True)
+    sys.exit(_lint_exit_code(result, strict))
+
+
+def _summary(result: LintResult) -> str:
+    errors, warnings = result.counts()
+    files = result.files_checked
+    if not errors and not warnings:
+        return f"{files} model file(s) checked: no findings."
+    return f"{files} model file(s) checked: {errors} error(s), {warnings} warning(s)."
+
+
+def _lint_exit_code(result: LintResult, strict: bool) -> int:
+    errors, warnings = result.counts()
+    if errors or (strict and warnings):
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
+@main.command("plan")
+@catalog_argument
+@fleet_option
+@click.option(
+    "--out",
+    "out_path",
+    default="plan.json",
+    show_default=True,
+    help="Where to write the plan; - for standard output.",
+)
+@click.option(
+    "--previous",
+    "previous_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The plan now deployed: its replicas stay where they are while they still fit.",
+)
+def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: Path | None) -> None:
+    """Lint, then write the resolved plan (nothing is written when lint finds errors)."""
+    previous = read_plan(previous_path) if previous_path else None
+    result = lint(catalog, fleet_path, previous=previous)
+    errors, _ = result.counts()
+    if errors:
+        REPORTERS["text"](result.findings, click.get_text_stream("stderr"), color=_use_color(sys.stderr))
+        click.echo(f"{_summary(result)} No plan written.", err=True)
+        sys.exit(EXIT_FINDINGS)
+    text = dump_plan(build_plan(result, previous=previous))
+    if out_path == "-":
+        click.echo(text, nl=False)
+    else:
+        _write_atomically(Path(out_path), text)
+        click.echo(f"Wrote {out_path}: {len(result.models)} model(s). {_summary(result)}", err=True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    # Written then renamed over, so a gateway watching the file never reads half a plan.
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
