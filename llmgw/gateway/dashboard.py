@@ -1,0 +1,312 @@
+"""The page at `GET /`: which of these models should I send this request to?
+
+It reads only what the gateway already holds: the served plan, when this worker
+loaded it, why the last reload was refused (if it was), and which replica
+endpoints this worker has in rotation. Everything about a model comes from the
+plan, which came from the catalogue, which people edit by hand; so the templates
+go through Jinja2 with autoescape on, and a description containing `<script>`
+is shown as text.
+
+The plan-derived part (rows, profiles, endpoints) is built once per plan digest;
+health is counted per request, because it is the one thing that changes while a
+plan is served. `GET /dashboard/status.json` carries only that moving part, and
+the page polls it so health updates without a reload.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import falcon
+import falcon.asgi
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+__all__ = ["DashboardSnapshot", "add_dashboard_routes", "render_page", "status_document"]
+
+_HERE = Path(__file__).parent
+_TEMPLATES = _HERE / "templates"
+_STATIC = _HERE / "static"
+
+STATUS_PATH = "/dashboard/status.json"
+STATIC_PREFIX = "/dashboard/static"
+# How often the page asks for health. Health checks themselves run on their own
+# interval in the gateway; polling faster than that would only repeat answers.
+POLL_SECONDS = 5
+
+# Escaping is the defence; this is the second one. The page runs only its own
+# script file, so a description that somehow reached the page as markup still
+# could not execute. `data:` icons keep Chromium from asking for /favicon.ico.
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+@dataclass(frozen=True)
+class DashboardSnapshot:
+    """What the gateway knows right now, as one worker sees it."""
+
+    plan: dict[str, Any]
+    loaded_at: float
+    refusal: str | None
+    healthy: Mapping[str, bool]
+
+
+@dataclass(frozen=True)
+class ProfileView:
+    name: str
+    engine: str
+    external: bool
+    endpoints: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModelView:
+    name: str
+    aliases: tuple[str, ...]
+    task: str
+    context_length: int
+    description: str | None
+    file: str
+    profiles: tuple[ProfileView, ...]
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(e for p in self.profiles for e in p.endpoints)
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """The part of the page that depends only on the plan."""
+
+    digest: str
+    models: tuple[ModelView, ...]
+
+
+def plan_view(plan: Mapping[str, Any]) -> PlanView:
+    models = tuple(_model_view(m) for m in plan.get("models", ()))
+    return PlanView(digest=str(plan.get("digest", "")), models=models)
+
+
+def _model_view(model: Mapping[str, Any]) -> ModelView:
+    profiles = tuple(
+        ProfileView(
+            name=p["name"],
+            engine=p["engine"],
+            external=bool(p.get("external", False)),
+            endpoints=tuple(r["endpoint"] for r in p.get("replicas", ())),
+        )
+        for p in model.get("profiles", ())
+    )
+    # The schema forbids an empty description, but a blank one written by hand
+    # would otherwise read as "described with nothing"; treat it as absent.
+    description = (model.get("description") or "").strip() or None
+    return ModelView(
+        name=model["name"],
+        aliases=tuple(model.get("aliases", ())),
+        task=model["task"],
+        context_length=int(model["context_length"]),
+        description=description,
+        file=str(model.get("file", "")),
+        profiles=profiles,
+    )
+
+
+def healthy_count(endpoints: tuple[str, ...], healthy: Mapping[str, bool]) -> int:
+    # An endpoint this worker has not checked yet is not in rotation: it counts
+    # as not healthy, because that is how requests will be routed.
+    return sum(1 for e in endpoints if healthy.get(e, False))
+
+
+def utc_iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def relative_age(seconds: float) -> str:
+    """'just now', '42 s ago', '5 min ago', '3 h ago', '2 d ago'."""
+    s = max(0, int(seconds))
+    if s < 5:
+        return "just now"
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if s >= size:
+            return f"{s // size} {unit} ago"
+    return f"{s} s ago"
+
+
+def context_label(tokens: int) -> str:
+    # Context windows are powers of two in practice; "128K" reads faster than 131,072.
+    if tokens >= 1024 and tokens % 1024 == 0:
+        return f"{tokens // 1024}K"
+    return f"{tokens:,}"
+
+
+def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> dict[str, Any]:
+    """The JSON the page polls: health per model and profile, plus the reload state."""
+    models: dict[str, Any] = {}
+    for m in view.models:
+        models[m.name] = {
+            "healthy": healthy_count(m.endpoints, snapshot.healthy),
+            "placed": len(m.endpoints),
+            "profiles": {
+                p.name: {
+                    "healthy": healthy_count(p.endpoints, snapshot.healthy),
+                    "placed": len(p.endpoints),
+                }
+                for p in m.profiles
+            },
+        }
+    return {
+        "digest": view.digest,
+        "loaded_at": snapshot.loaded_at,
+        "loaded_at_utc": utc_iso(snapshot.loaded_at),
+        "age": relative_age(now - snapshot.loaded_at),
+        "refusal": snapshot.refusal,
+        "models": models,
+    }
+
+
+class _Views:
+    """Plan views by digest. A worker serves one plan at a time, and a reload
+    swaps it; keeping the last few covers requests that straddle a reload."""
+
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self._by_digest: dict[str, PlanView] = {}
+
+    def get(self, plan: Mapping[str, Any]) -> PlanView:
+        digest = str(plan.get("digest", ""))
+        view = self._by_digest.get(digest)
+        if view is not None and digest:
+            return view
+        view = plan_view(plan)
+        if digest:
+            while len(self._by_digest) >= self.KEEP:
+                del self._by_digest[next(iter(self._by_digest))]
+            self._by_digest[digest] = view
+        return view
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(_TEMPLATES),
+        autoescape=True,  # every template, whatever its extension
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["context_label"] = context_label
+    return env
+
+
+_ENV = _environment()
+_VIEWS = _Views()
+
+
+@functools.cache
+def _asset_version(name: str) -> str:
+    return hashlib.sha256((_STATIC / name).read_bytes()).hexdigest()[:12]
+
+
+def render_page(
+    snapshot: DashboardSnapshot, now: float | None = None, view: PlanView | None = None
+) -> str:
+    """The whole page as HTML, with health as of this call."""
+    now = time.time() if now is None else now
+    view = view or _VIEWS.get(snapshot.plan)
+    status = status_document(snapshot, view, now)
+    return _ENV.get_template("dashboard.html").render(
+        view=view,
+        status=status,
+        refusal=snapshot.refusal,
+        loaded_at_utc=status["loaded_at_utc"],
+        age=status["age"],
+        status_path=STATUS_PATH,
+        poll_ms=POLL_SECONDS * 1000,
+        static_prefix=STATIC_PREFIX,
+        css_version=_asset_version("dashboard.css"),
+        js_version=_asset_version("dashboard.js"),
+    )
+
+
+class _PageResource:
+    def __init__(self, snapshot: Callable[[], DashboardSnapshot], views: _Views) -> None:
+        self._snapshot = snapshot
+        self._views = views
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        snap = self._snapshot()
+        resp.content_type = falcon.MEDIA_HTML
+        resp.text = render_page(snap, view=self._views.get(snap.plan))
+        resp.cache_control = ["no-cache"]
+        resp.set_header("Content-Security-Policy", _CSP)
+        resp.set_header("X-Content-Type-Options", "nosniff")
+
+
+class _StatusResource:
+    def __init__(self, snapshot: Callable[[], DashboardSnapshot], views: _Views) -> None:
+        self._snapshot = snapshot
+        self._views = views
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        snap = self._snapshot()
+        resp.media = status_document(snap, self._views.get(snap.plan), time.time())
+        resp.cache_control = ["no-store"]
+
+
+@dataclass(frozen=True)
+class _Asset:
+    body: bytes
+    content_type: str
+    etag: str
+
+
+class _StaticResource:
+    """The page's own CSS and script, read once at start-up and kept in memory."""
+
+    TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+
+    def __init__(self, directory: Path) -> None:
+        self._assets: dict[str, _Asset] = {}
+        for path in sorted(directory.iterdir()):
+            content_type = self.TYPES.get(path.suffix)
+            if content_type is None:
+                continue
+            body = path.read_bytes()
+            etag = hashlib.sha256(body).hexdigest()[:16]
+            self._assets[path.name] = _Asset(body, content_type, etag)
+
+    async def on_get(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str
+    ) -> None:
+        asset = self._assets.get(name)
+        if asset is None:
+            raise falcon.HTTPNotFound(
+                description=f"The dashboard has no asset named {name!r}; "
+                f"its assets are {', '.join(sorted(self._assets))}."
+            )
+        resp.etag = asset.etag
+        # URLs carry ?v=<content hash>, so a changed file is a new URL.
+        resp.cache_control = ["public", "max-age=86400"]
+        if req.if_none_match and any(t == asset.etag for t in req.if_none_match):
+            resp.status = falcon.HTTP_304
+            return
+        resp.content_type = asset.content_type
+        resp.data = asset.body
+
+
+def add_dashboard_routes(
+    app: falcon.asgi.App, snapshot: Callable[[], DashboardSnapshot]
+) -> None:
+    """Mount GET / (the page), GET /dashboard/status.json and /dashboard/static/{name}."""
+    views = _Views()
+    app.add_route("/", _PageResource(snapshot, views))
+    app.add_route(STATUS_PATH, _StatusResource(snapshot, views))
+    app.add_route(STATIC_PREFIX + "/{name}", _StaticResource(_STATIC))

@@ -1,0 +1,87 @@
+// Keeps the dashboard's health counts live: polls the status JSON and rewrites
+// only the numbers, the reload banner and the plan's age. Model names from the
+// status are matched against data-model attributes and written with
+// textContent, never as markup or CSS selectors, because they come from the
+// catalogue.
+(function () {
+  "use strict";
+
+  var body = document.body;
+  var statusUrl = body.getAttribute("data-status-url");
+  var pollMs = Number(body.getAttribute("data-poll-ms")) || 5000;
+  var digest = body.getAttribute("data-digest");
+  var live = document.getElementById("live");
+  var liveText = live ? live.textContent : "";
+  var timer = null;
+
+  function setCount(el, healthy, placed) {
+    if (!el) return;
+    var h = el.querySelector(".healthy");
+    var p = el.querySelector(".placed");
+    if (h) h.textContent = String(healthy);
+    if (p) p.textContent = String(placed);
+    el.classList.remove("ok", "some", "none");
+    el.classList.add(placed && healthy === placed ? "ok" : healthy === 0 ? "none" : "some");
+    var title = el.getAttribute("title") || "";
+    el.setAttribute("title", title.replace(/^\d+ of \d+/, healthy + " of " + placed));
+  }
+
+  function applyModel(group, m) {
+    setCount(group.querySelector(".health .count"), m.healthy, m.placed);
+    var profiles = group.querySelectorAll("[data-profile]");
+    for (var i = 0; i < profiles.length; i++) {
+      var p = m.profiles[profiles[i].getAttribute("data-profile")];
+      if (p) setCount(profiles[i].querySelector(".count"), p.healthy, p.placed);
+    }
+  }
+
+  function apply(status) {
+    var groups = document.querySelectorAll("tbody[data-model]");
+    for (var i = 0; i < groups.length; i++) {
+      var m = status.models[groups[i].getAttribute("data-model")];
+      if (m) applyModel(groups[i], m);
+    }
+    var age = document.getElementById("age");
+    if (age) age.textContent = "(" + status.age + ")";
+    var banner = document.getElementById("refusal");
+    if (banner) {
+      document.getElementById("refusal-reason").textContent = status.refusal || "";
+      banner.hidden = !status.refusal;
+    }
+    var changed = document.getElementById("plan-changed");
+    if (changed) changed.hidden = status.digest === digest;
+  }
+
+  function setLive(text, stale) {
+    if (!live) return;
+    live.textContent = text;
+    live.classList.toggle("stale", stale);
+  }
+
+  function schedule() {
+    clearTimeout(timer);
+    timer = setTimeout(poll, pollMs);
+  }
+
+  function poll() {
+    if (document.hidden) return; // resumed by visibilitychange
+    fetch(statusUrl, { cache: "no-store", headers: { Accept: "application/json" } })
+      .then(function (resp) {
+        if (!resp.ok) throw new Error("HTTP " + resp.status);
+        return resp.json();
+      })
+      .then(function (status) {
+        apply(status);
+        setLive(liveText, false);
+      })
+      .catch(function () {
+        setLive("the gateway is not answering; these counts may be stale", true);
+      })
+      .then(schedule);
+  }
+
+  document.addEventListener("visibilitychange", function () {
+    if (!document.hidden) poll();
+  });
+  schedule();
+})();
