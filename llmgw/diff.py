@@ -1,0 +1,322 @@
+"""Plan → plan changes: what deploying NEW over OLD would do, read the way `terraform plan` reads.
+
+A reviewer of a catalogue pull request cares about what the gateway will serve differently,
+not about which bytes of the plan moved. So the diff compares resources (models and nodes)
+by name and each field by meaning; the plan's provenance (digest, inputs, generated_by) and
+the nodes' derived `used` totals are not changes of their own.
+
+Nothing here prints; `llmgw.report.diff_formats` turns a PlanDiff into text, markdown or JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Action = Literal["add", "change", "remove"]
+ReplicaAction = Literal["add", "remove", "move", "change"]
+
+# Rendering order of a model's own fields: what a reviewer reads first comes first.
+MODEL_FIELDS = (
+    "description",
+    "aliases",
+    "task",
+    "source",
+    "format",
+    "weights_bytes",
+    "context_length",
+    "max_output",
+    "replicas",
+    "file",
+)
+PROFILE_FIELDS = (
+    "engine",
+    "priority",
+    "weight",
+    "ctx_size",
+    "args",
+    "gpus",
+    "node_selector",
+    "memory_gb",
+    "memory_source",
+    "served_name",
+    "external",
+)
+# `used` is left out: it is the sum of the placements, which the replica lines already show.
+NODE_FIELDS = ("address", "memory_gb", "gpus", "gpu_memory_gb", "labels", "engines", "ports")
+
+_ACTION_ORDER: dict[str, int] = {"add": 0, "change": 1, "remove": 2}
+_KIND_ORDER: dict[str, int] = {"model": 0, "node": 1}
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One field before → after; None stands for absent (a plan never holds null)."""
+
+    field: str
+    before: Any
+    after: Any
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaChange:
+    """A replica is named `profile/ordinal`, the ordinal counting from 1 in the plan's order."""
+
+    action: ReplicaAction
+    profile: str
+    ordinal: int
+    node_before: str | None = None
+    node_after: str | None = None
+    endpoint_before: str | None = None
+    endpoint_after: str | None = None
+
+
+@dataclass(frozen=True)
+class ProfileChange:
+    """A routing profile added to or removed from a model that exists on both sides."""
+
+    action: Literal["add", "remove"]
+    name: str
+    engine: str
+    external: bool
+
+
+@dataclass(frozen=True)
+class WarningChange:
+    action: Literal["add", "remove"]
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ResourceChange:
+    kind: Literal["model", "node"]
+    name: str
+    action: Action
+    # A few facts that say what an added or removed resource is (task and replicas for a
+    # model; address and size for a node), so "+ model phi-4" is not a bare name.
+    facts: dict[str, Any] = field(default_factory=dict)
+    fields: tuple[FieldChange, ...] = ()
+    profiles: tuple[ProfileChange, ...] = ()
+    replicas: tuple[ReplicaChange, ...] = ()
+    warnings: tuple[WarningChange, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanDiff:
+    old_digest: str | None
+    new_digest: str | None
+    changes: tuple[ResourceChange, ...]
+
+    def counts(self) -> tuple[int, int, int]:
+        """(to add, to change, to remove), counting models and nodes alike."""
+        add = sum(1 for c in self.changes if c.action == "add")
+        change = sum(1 for c in self.changes if c.action == "change")
+        return add, change, len(self.changes) - add - change
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.changes)
+
+
+EMPTY_PLAN: dict[str, Any] = {"models": [], "nodes": []}
+
+
+def diff_plans(old: dict[str, Any], new: dict[str, Any]) -> PlanDiff:
+    """Everything deploying `new` over `old` changes; `old` may be EMPTY_PLAN (first deploy)."""
+    changes = [
+        *_diff_named(old.get("models", []), new.get("models", []), "model", _diff_model),
+        *_diff_named(old.get("nodes", []), new.get("nodes", []), "node", _diff_node),
+    ]
+    changes.sort(key=lambda c: (_ACTION_ORDER[c.action], _KIND_ORDER[c.kind], c.name))
+    return PlanDiff(old.get("digest"), new.get("digest"), tuple(changes))
+
+
+def _diff_named(
+    old: Sequence[dict[str, Any]],
+    new: Sequence[dict[str, Any]],
+    kind: Literal["model", "node"],
+    diff_one: Any,
+) -> Iterable[ResourceChange]:
+    before = {item["name"]: item for item in old}
+    after = {item["name"]: item for item in new}
+    facts = _model_facts if kind == "model" else _node_facts
+    for name in sorted(after.keys() - before.keys()):
+        added = after[name]
+        replicas = _replicas_of_added(added) if kind == "model" else ()
+        yield ResourceChange(kind, name, "add", facts=facts(added), replicas=replicas)
+    for name in sorted(before.keys() - after.keys()):
+        yield ResourceChange(kind, name, "remove", facts=facts(before[name]))
+    for name in sorted(before.keys() & after.keys()):
+        change = diff_one(before[name], after[name])
+        if change is not None:
+            yield change
+
+
+def _model_facts(model: dict[str, Any]) -> dict[str, Any]:
+    placed = sum(len(p.get("replicas", [])) for p in model.get("profiles", []))
+    return {"task": model.get("task"), "replicas": placed}
+
+
+def _node_facts(node: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "address": node.get("address"),
+        "memory_gb": node.get("memory_gb"),
+        "gpus": node.get("gpus", 0),
+    }
+
+
+def _replicas_of_added(model: dict[str, Any]) -> tuple[ReplicaChange, ...]:
+    return tuple(
+        ReplicaChange("add", p["name"], i, node_after=r.get("node"), endpoint_after=r["endpoint"])
+        for p in model.get("profiles", [])
+        for i, r in enumerate(p.get("replicas", []), start=1)
+    )
+
+
+def _diff_fields(
+    old: dict[str, Any], new: dict[str, Any], names: Iterable[str], profile: str | None = None
+) -> list[FieldChange]:
+    return [
+        FieldChange(name, old.get(name), new.get(name), profile)
+        for name in names
+        if old.get(name) != new.get(name)
+    ]
+
+
+def _diff_model(old: dict[str, Any], new: dict[str, Any]) -> ResourceChange | None:
+    fields = _diff_fields(old, new, MODEL_FIELDS)
+    profiles: list[ProfileChange] = []
+    replicas: list[ReplicaChange] = []
+    old_profiles = {p["name"]: p for p in old.get("profiles", [])}
+    new_profiles = {p["name"]: p for p in new.get("profiles", [])}
+    for p in new.get("profiles", []):
+        if p["name"] not in old_profiles:
+            profiles.append(ProfileChange("add", p["name"], p["engine"], p.get("external", False)))
+            replicas.extend(_diff_replicas(p["name"], [], p.get("replicas", [])))
+            continue
+        before = _flat_profile(old_profiles[p["name"]])
+        fields.extend(_diff_fields(before, _flat_profile(p), PROFILE_FIELDS, profile=p["name"]))
+        replicas.extend(
+            _diff_replicas(
+                p["name"], old_profiles[p["name"]].get("replicas", []), p.get("replicas", [])
+            )
+        )
+    for p in old.get("profiles", []):
+        if p["name"] not in new_profiles:
+            profiles.append(
+                ProfileChange("remove", p["name"], p["engine"], p.get("external", False))
+            )
+    warnings = _diff_warnings(old.get("warnings", []), new.get("warnings", []))
+    if not (fields or profiles or replicas or warnings):
+        return None
+    return ResourceChange(
+        "model",
+        new["name"],
+        "change",
+        facts=_model_facts(new),
+        fields=tuple(fields),
+        profiles=tuple(profiles),
+        replicas=tuple(replicas),
+        warnings=warnings,
+    )
+
+
+def _flat_profile(profile: dict[str, Any]) -> dict[str, Any]:
+    # The memory basis is prose about how a figure was reached; only the figure and whether
+    # it was declared or estimated change what gets placed.
+    flat = {k: v for k, v in profile.items() if k not in ("memory", "replicas", "name")}
+    memory = profile.get("memory")
+    if memory is not None:
+        flat["memory_gb"] = memory.get("gb")
+        flat["memory_source"] = memory.get("source")
+    return flat
+
+
+def _diff_replicas(
+    profile: str, old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]
+) -> list[ReplicaChange]:
+    """Pair old and new replicas so that a replica that kept its endpoint is no change.
+
+    Pairing is by endpoint first, then by node (the port changed), then in order (the
+    replica moved to another node); whatever is left over was added or removed.
+    """
+    old_left = list(range(len(old)))
+    new_left = list(range(len(new)))
+    pairs: list[tuple[int, int]] = []
+
+    def pair_by(same: Any) -> None:
+        for j in list(new_left):
+            for i in old_left:
+                if same(old[i], new[j]):
+                    pairs.append((i, j))
+                    old_left.remove(i)
+                    new_left.remove(j)
+                    break
+
+    pair_by(lambda a, b: a["endpoint"] == b["endpoint"])
+    pair_by(lambda a, b: a.get("node") is not None and a.get("node") == b.get("node"))
+    in_order = min(len(old_left), len(new_left))
+    pairs.extend(zip(old_left[:in_order], new_left[:in_order], strict=True))
+    old_rest, new_rest = old_left[in_order:], new_left[in_order:]
+
+    changes: list[ReplicaChange] = []
+    for i, j in sorted(pairs, key=lambda p: p[1]):
+        a, b = old[i], new[j]
+        if a["endpoint"] == b["endpoint"] and a.get("node") == b.get("node"):
+            continue
+        moved = a.get("node") != b.get("node")
+        changes.append(
+            ReplicaChange(
+                "move" if moved else "change",
+                profile,
+                j + 1,
+                node_before=a.get("node"),
+                node_after=b.get("node"),
+                endpoint_before=a["endpoint"],
+                endpoint_after=b["endpoint"],
+            )
+        )
+    for j in new_rest:
+        changes.append(
+            ReplicaChange(
+                "add",
+                profile,
+                j + 1,
+                node_after=new[j].get("node"),
+                endpoint_after=new[j]["endpoint"],
+            )
+        )
+    for i in old_rest:
+        changes.append(
+            ReplicaChange(
+                "remove",
+                profile,
+                i + 1,
+                node_before=old[i].get("node"),
+                endpoint_before=old[i]["endpoint"],
+            )
+        )
+    return changes
+
+
+def _diff_warnings(
+    old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]
+) -> tuple[WarningChange, ...]:
+    before = {(w["rule"], w["message"]) for w in old}
+    after = {(w["rule"], w["message"]) for w in new}
+    return (
+        *(WarningChange("add", r, m) for r, m in sorted(after - before)),
+        *(WarningChange("remove", r, m) for r, m in sorted(before - after)),
+    )
+
+
+def _diff_node(old: dict[str, Any], new: dict[str, Any]) -> ResourceChange | None:
+    fields = _diff_fields(old, new, NODE_FIELDS)
+    if not fields:
+        return None
+    return ResourceChange(
+        "node", new["name"], "change", facts=_node_facts(new), fields=tuple(fields)
+    )
