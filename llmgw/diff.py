@@ -10,9 +10,13 @@ Nothing here prints; `llmgw.report.diff_formats` turns a PlanDiff into text, mar
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+from llmgw.plan import read_plan
 
 Action = Literal["add", "change", "remove"]
 ReplicaAction = Literal["add", "remove", "move", "change"]
@@ -320,3 +324,17 @@ def _diff_node(old: dict[str, Any], new: dict[str, Any]) -> ResourceChange | Non
     return ResourceChange(
         "node", new["name"], "change", facts=_node_facts(new), fields=tuple(fields)
     )
+
+
+def read_side(path: Path | str) -> dict[str, Any]:
+    """Read one side of a diff; an empty file (such as /dev/null) stands for no plan at all.
+
+    The first pull request that adds a catalogue has no base plan, and the first deploy
+    has no deployed one: both are "everything is added", not an error.
+    """
+    p = Path(path)
+    try:
+        empty = p.stat().st_size == 0 or str(p) == os.devnull
+    except OSError:
+        empty = False  # read_plan says why the file cannot be read
+    return EMPTY_PLAN if empty else read_plan(p)

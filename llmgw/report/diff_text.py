@@ -1,0 +1,118 @@
+"""PlanDiff → text, the way `terraform plan` reads: one sign per line, a closing count."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, TextIO
+
+from llmgw.diff import FieldChange, PlanDiff, ReplicaChange, ResourceChange
+
+SIGNS = {"add": "+", "change": "~", "remove": "-", "move": "~"}
+_COLORS = {"+": "\x1b[32m", "~": "\x1b[33m", "-": "\x1b[31m"}
+_RESET = "\x1b[0m"
+# A string that YAML and a reader both take as one word needs no quotes.
+_BARE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./:=-]*$")
+
+
+def report_diff_text(diff: PlanDiff, stream: TextIO, *, color: bool) -> None:
+    for line in diff_lines(diff):
+        stream.write(_paint(line) if color else line)
+        stream.write("\n")
+
+
+def diff_lines(diff: PlanDiff) -> list[str]:
+    """The diff as plain lines; markdown reuses them inside a ```diff block."""
+    if not diff.has_changes:
+        return ["No changes."]
+    lines: list[str] = []
+    for change in diff.changes:
+        lines.extend(resource_lines(change))
+    lines.append(closing_line(diff))
+    return lines
+
+
+def closing_line(diff: PlanDiff) -> str:
+    add, change, remove = diff.counts()
+    return f"{add} to add, {change} to change, {remove} to remove."
+
+
+def resource_lines(change: ResourceChange) -> list[str]:
+    head = f"{SIGNS[change.action]} {change.kind} {change.name}"
+    if change.action != "change":
+        head += f" ({describe(change)})"
+    lines = [head]
+    lines.extend(f"    {field_line(f)}" for f in change.fields)
+    for p in change.profiles:
+        external = ", external" if p.external else ""
+        lines.append(f"    {SIGNS[p.action]} profile {p.name} ({p.engine}{external})")
+    lines.extend(f"    {replica_line(r)}" for r in change.replicas)
+    lines.extend(f"    {SIGNS[w.action]} warning {w.rule}: {w.message}" for w in change.warnings)
+    return lines
+
+
+def describe(change: ResourceChange) -> str:
+    """What an added or removed resource is, in a few words."""
+    facts = change.facts
+    if change.kind == "model":
+        n = facts.get("replicas", 0)
+        return f"{facts.get('task')}, {n} replica{'' if n == 1 else 's'}"
+    gpus = facts.get("gpus") or 0
+    parts = [str(facts.get("address")), f"{value(facts.get('memory_gb'))} GB"]
+    if gpus:
+        parts.append(f"{gpus} GPU{'' if gpus == 1 else 's'}")
+    return ", ".join(parts)
+
+
+def field_line(f: FieldChange) -> str:
+    where = f"profile {f.profile} {f.field}" if f.profile else f.field
+    return f"{where}: {value(f.before)} → {value(f.after)}"
+
+
+def replica_line(r: ReplicaChange) -> str:
+    name = f"replica {r.profile}/{r.ordinal}"
+    if r.action == "add":
+        return f"+ {name} {_where(r.node_after, r.endpoint_after)}"
+    if r.action == "remove":
+        return f"- {name} {_where(r.node_before, r.endpoint_before, 'from')}"
+    if r.action == "move":
+        return f"~ {name} moved {r.node_before or '(external)'} → {r.node_after or '(external)'}"
+    return f"~ {name} endpoint {r.endpoint_before} → {r.endpoint_after}"
+
+
+def _where(node: str | None, endpoint: str | None, preposition: str = "on") -> str:
+    # External replicas have no node: they are routed to, not placed.
+    if node is None:
+        return f"at {endpoint}"
+    return f"{preposition} {node} ({endpoint})"
+
+
+def value(v: Any) -> str:
+    """A field value as a reader would write it: (none), numbers bare, strings quoted."""
+    if v is None:
+        return "(none)"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list):
+        return "[" + ", ".join(_item(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_item(k)}: {_item(x)}" for k, x in sorted(v.items())) + "}"
+    return json.dumps(v, ensure_ascii=False, sort_keys=True)
+
+
+def _item(v: Any) -> str:
+    if isinstance(v, str) and _BARE.match(v):
+        return v
+    return value(v)
+
+
+def _paint(line: str) -> str:
+    sign = line.lstrip()[:1]
+    color = _COLORS.get(sign)
+    return f"{color}{line}{_RESET}" if color else line
