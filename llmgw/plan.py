@@ -9,10 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from llmgw import __version__
 from llmgw.errors import PlanError
 from llmgw.schema import validator
+
+if TYPE_CHECKING:  # the gateway imports this module, and must not pull in the compiler
+    from llmgw.lint import LintResult
+    from llmgw.model import Node
+    from llmgw.rules import Entry
 
 FORMAT_VERSION = "1"
 
@@ -25,6 +31,104 @@ def plan_digest(plan: dict[str, Any]) -> str:
     """sha256 of the plan's canonical JSON without its own digest key."""
     body = {k: v for k, v in plan.items() if k != "digest"}
     return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def build_plan(result: LintResult, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The resolved plan of a lint run without errors: deterministic, every default filled in."""
+    plan: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "digest": "",
+        "generated_by": {"tool": "llmgw", "version": __version__},
+        "inputs": _inputs(result, previous),
+        "nodes": [_node(s.node, s.free_gb, s.free_gpus, s.replicas) for s in result.placement.nodes],
+        "models": [_model(e, result) for e in result.entries],
+    }
+    plan["digest"] = plan_digest(plan)
+    return plan
+
+
+def _inputs(result: LintResult, previous: dict[str, Any] | None) -> dict[str, Any]:
+    inputs: dict[str, Any] = {
+        "catalog": result.catalog,
+        "fleet": _file_ref(result.fleet_doc.file, result.fleet_doc.text),
+        "files": [_file_ref(d.file, d.text) for d in result.documents],
+    }
+    if previous is not None:
+        inputs["previous"] = previous["digest"]
+    return inputs
+
+
+def _file_ref(path: str, text: str) -> dict[str, str]:
+    return {"path": path, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def _node(node: Node, free_gb: float, free_gpus: int, replicas: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": node.name,
+        "address": node.address,
+        "memory_gb": node.memory_gb,
+        "gpus": node.gpu_count,
+        "gpu_memory_gb": node.gpu_memory_gb,
+        "labels": dict(sorted(node.labels.items())),
+    }
+    if node.engines is not None:  # absent: the agent reports nothing, which is not "none"
+        out["engines"] = sorted(node.engines)
+    out["ports"] = {"first": node.ports.first, "last": node.ports.last}
+    out["used"] = {
+        "memory_gb": round(node.memory_gb - free_gb, 3),
+        "gpus": node.gpu_count - free_gpus,
+        "replicas": replicas,
+    }
+    return out
+
+
+def _model(entry: Entry, result: LintResult) -> dict[str, Any]:
+    spec = entry.spec
+    out: dict[str, Any] = {"name": spec.name}
+    if spec.description is not None:  # undescribed: no key at all, never ""
+        out["description"] = spec.description.strip()
+    out["aliases"] = list(spec.aliases)
+    out["task"] = spec.task
+    out["source"] = spec.source
+    out["format"] = entry.source.format
+    if entry.weights_bytes is not None:
+        out["weights_bytes"] = entry.weights_bytes
+    out["context_length"] = spec.context_length
+    if spec.max_output is not None:
+        out["max_output"] = spec.max_output
+    out["replicas"] = spec.replicas
+    out["file"] = entry.doc.file
+    out["profiles"] = [_profile(entry, p, result) for p in spec.routing_order()]
+    out["warnings"] = [{"rule": f.rule, "message": f.message}
+                       for f in result.warnings_for(entry.doc.file)]
+    return out
+
+
+def _profile(entry: Entry, profile: Any, result: LintResult) -> dict[str, Any]:
+    spec = entry.spec
+    out: dict[str, Any] = {
+        "name": profile.name,
+        "engine": profile.engine,
+        "priority": profile.priority,
+        "weight": profile.weight,
+        "ctx_size": spec.ctx_size_for(profile),
+        "args": list(profile.args),
+        "gpus": profile.gpus_needed,
+        "node_selector": dict(sorted(profile.node_selector.items())),
+    }
+    memory = entry.memory(profile)
+    if memory is not None:
+        out["memory"] = memory.as_dict()
+    out["served_name"] = spec.name
+    out["external"] = profile.external
+    if profile.external:
+        out["replicas"] = [{"endpoint": e.rstrip("/")} for e in profile.endpoints]
+    else:
+        out["replicas"] = [
+            {"endpoint": s.endpoint, "node": s.node.name, "port": s.port}
+            for s in result.placement.replicas(spec.name, profile.name)
+        ]
+    return out
 
 
 def dump_plan(plan: dict[str, Any]) -> str:

@@ -1,0 +1,76 @@
+"""Gateway settings, read once from the environment when a worker starts.
+
+`llmgw serve` passes the plan path as LLMGW_PLAN; everything else an operator sets. Each
+timeout is its own knob because they fail differently: a refused connection is known
+in milliseconds, a first token may wait behind a long prompt, and a stalled stream
+should be cut long before a generous first-token allowance would notice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmgw.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Settings:
+    plan_path: Path
+    connect_timeout: float = 2.0
+    first_byte_timeout: float = 120.0
+    chunk_timeout: float = 60.0
+    health_interval: float = 2.0
+    health_failures: int = 3
+    reload_interval: float = 0.5
+    max_body_bytes: int = 8 * 1024 * 1024
+    api_keys_file: Path | None = None
+    admin_token: str | None = None
+    access_log: bool = True
+
+
+# name -> (field, parser); the README's table of variables is this table.
+_FLOATS = {
+    "LLMGW_CONNECT_TIMEOUT": "connect_timeout",
+    "LLMGW_FIRST_BYTE_TIMEOUT": "first_byte_timeout",
+    "LLMGW_CHUNK_TIMEOUT": "chunk_timeout",
+    "LLMGW_HEALTH_INTERVAL": "health_interval",
+    "LLMGW_RELOAD_INTERVAL": "reload_interval",
+}
+_INTS = {"LLMGW_HEALTH_FAILURES": "health_failures", "LLMGW_MAX_BODY_BYTES": "max_body_bytes"}
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    plan = env.get("LLMGW_PLAN")
+    if not plan:
+        raise UsageError(
+            "LLMGW_PLAN is not set: start the gateway with `llmgw serve --plan PATH`, "
+            "or set LLMGW_PLAN to the plan file `llmgw plan` wrote."
+        )
+    values: dict[str, object] = {"plan_path": Path(plan)}
+    for name, field in _FLOATS.items():
+        if env.get(name):
+            values[field] = _number(env, name, float)
+    for name, field in _INTS.items():
+        if env.get(name):
+            values[field] = _number(env, name, int)
+    if env.get("LLMGW_API_KEYS_FILE"):
+        values["api_keys_file"] = Path(env["LLMGW_API_KEYS_FILE"])
+    if env.get("LLMGW_ADMIN_TOKEN"):
+        values["admin_token"] = env["LLMGW_ADMIN_TOKEN"]
+    if env.get("LLMGW_ACCESS_LOG", "").lower() in ("0", "off", "false", "no"):
+        values["access_log"] = False
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def _number(env: Mapping[str, str], name: str, kind: type[float] | type[int]) -> float | int:
+    try:
+        value = kind(env[name])
+    except ValueError:
+        raise UsageError(f"{name}={env[name]!r} is not a number; set it to e.g. 2 or 0.5.") from None
+    if value <= 0:
+        raise UsageError(f"{name}={env[name]!r} must be greater than zero.")
+    return value

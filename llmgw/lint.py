@@ -1,0 +1,133 @@
+"""The compiler's front half: catalogue directory + fleet → findings and placed models.
+
+    load (YAML, positions on demand) → validate (JSON Schema) → model (typed)
+      → rules (one family a module) → place (replicas → nodes)
+
+Every finding in one run: a file that fails to parse or validate drops out of
+the later stages, and every other file goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmgw.errors import UsageError
+from llmgw.findings import Finding, count
+from llmgw.load import Document, load_document
+from llmgw.model import Fleet, ModelSpec
+from llmgw.place import Placement, place
+from llmgw.rules import Context, Entry, run_rules
+from llmgw.validate import schema_findings
+
+MODEL_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass
+class LintResult:
+    catalog: str
+    fleet: Fleet
+    fleet_doc: Document
+    entries: list[Entry]  # models that passed the schema, sorted by name
+    documents: list[Document]  # every model file that parsed, in path order
+    findings: list[Finding]
+    placement: Placement
+    files_checked: int
+
+    @property
+    def models(self) -> list[Entry]:
+        return self.entries
+
+    def counts(self) -> tuple[int, int]:
+        return count(self.findings)
+
+    def warnings_for(self, file: str) -> list[Finding]:
+        return [f for f in self.findings if f.file == file and f.severity == "warning"]
+
+
+def lint(catalog: Path, fleet_path: Path, previous: dict[str, Any] | None = None) -> LintResult:
+    fleet, fleet_doc = read_fleet(fleet_path)
+    files = catalogue_files(catalog)
+    findings: list[Finding] = []
+    documents: list[Document] = []
+    entries: list[Entry] = []
+    for path in files:
+        display = path.as_posix()
+        doc, problems = load_document(path, display)
+        findings.extend(problems)
+        if doc is None or problems:
+            continue
+        documents.append(doc)
+        problems = schema_findings(doc, "model")
+        findings.extend(problems)
+        if problems:
+            continue
+        entries.append(Entry(doc, ModelSpec.model_validate(doc.data), path.parent))
+    entries.sort(key=lambda e: e.spec.name)
+    findings.extend(run_rules(Context(entries, fleet)))
+    # Placement needs names that resolve to one model; with duplicates it would
+    # only repeat what duplicate-name already said.
+    placement = place(entries, fleet, previous)
+    findings.extend(placement.findings)
+    findings.sort()
+    return LintResult(catalog.as_posix(), fleet, fleet_doc, entries, documents, findings,
+                      placement, len(files))
+
+
+def catalogue_files(catalog: Path) -> list[Path]:
+    if not catalog.is_dir():
+        what = "is a file" if catalog.exists() else "does not exist"
+        raise UsageError(
+            f"catalogue directory {catalog} {what}; give the folder that holds one YAML file "
+            "per model (default: catalog/)."
+        )
+    # Sorted, so findings and the plan do not depend on the order files sit on disk.
+    return sorted(
+        p for p in catalog.rglob("*")
+        if p.suffix in MODEL_SUFFIXES and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(catalog).parts)
+    )
+
+
+def read_fleet(path: Path) -> tuple[Fleet, Document]:
+    """The fleet must be right before anything can be checked against it: mistakes exit 2."""
+    if not path.is_file():
+        raise UsageError(
+            f"fleet inventory {path} does not exist; write one (see `llmgw inventory` on each "
+            "node) or pass --fleet PATH."
+        )
+    doc, problems = load_document(path, path.as_posix())
+    if doc is not None and not problems:
+        problems = schema_findings(doc, "fleet")
+    if doc is None or problems:
+        raise UsageError(_fleet_problems(path, problems))
+    fleet = Fleet.model_validate({**doc.data, "file": path.as_posix()})
+    problems = _fleet_consistency(fleet, doc)
+    if problems:
+        raise UsageError(_fleet_problems(path, problems))
+    return fleet, doc
+
+
+def _fleet_consistency(fleet: Fleet, doc: Document) -> list[Finding]:
+    problems = []
+    seen: dict[str, int] = {}
+    for i, node in enumerate(fleet.nodes):
+        if node.name in seen:
+            problems.append(doc.finding(
+                "error", "schema", ("nodes", i, "name"),
+                f"node name '{node.name}' is used twice (also node {seen[node.name] + 1}); "
+                "give each node its own name."))
+        seen.setdefault(node.name, i)
+        if node.ports.first > node.ports.last:
+            problems.append(doc.finding(
+                "error", "schema", ("nodes", i, "ports"),
+                f"ports.first {node.ports.first} is after ports.last {node.ports.last}; swap them."))
+    return problems
+
+
+def _fleet_problems(path: Path, problems: list[Finding]) -> str:
+    lines = [f"{f.file}:{f.line}:{f.column}: {f.severity}[{f.rule}] {f.message}" for f in problems]
+    return (f"cannot use the fleet inventory {path}; fix it first:\n  " + "\n  ".join(lines))

@@ -1,0 +1,177 @@
+"""Files → documents that remember where each value came from.
+
+Parsing 5,000 model files must take about a second, so every file is parsed once
+with ruamel's C loader, which keeps no positions. Only a file that has a finding
+is parsed a second time, with the round-trip loader, to learn the line and
+column of the value the finding is about.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.constructor import DuplicateKeyError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from llmgw.findings import Finding, Severity
+
+YamlPath = tuple[str | int, ...]
+
+# A catalogue entry is a page of YAML; anything this large is a mistake or an attack.
+MAX_FILE_BYTES = 1 << 20
+
+_local = threading.local()
+
+
+def _fast_yaml() -> YAML:
+    if not hasattr(_local, "fast"):
+        _local.fast = YAML(typ="safe", pure=False)
+    return _local.fast
+
+
+def _positional_yaml() -> YAML:
+    if not hasattr(_local, "rt"):
+        _local.rt = YAML(typ="rt")
+    return _local.rt
+
+
+@dataclass
+class Document:
+    """One parsed file. `data` is plain dicts and lists; positions come from `position()`."""
+
+    file: str  # as shown in findings: the path the user gave, joined with the file's name
+    text: str
+    data: Any
+    _tree: Any = field(default=None, repr=False)
+
+    def position(self, path: YamlPath, *, key: bool = False) -> tuple[int, int]:
+        """1-based (line, column) of the value at `path`, or of its key when `key`.
+
+        Walks as deep as the file goes: a path into a value that is missing
+        points at the nearest enclosing one, which is where the fix goes.
+        """
+        if self._tree is None:
+            self._tree = _positional_yaml().load(self.text)
+        node, line, col = self._tree, 0, 0
+        for i, step in enumerate(path):
+            lc = getattr(node, "lc", None)
+            last = i == len(path) - 1
+            try:
+                if isinstance(step, int):
+                    line, col = lc.item(step) if lc is not None else (line, col)
+                else:
+                    if step not in node:
+                        break
+                    line, col = lc.key(step) if (key and last) or lc is None else lc.value(step)
+                node = node[step]
+            except (KeyError, IndexError, TypeError, AttributeError):
+                break
+        return line + 1, col + 1
+
+    def finding(
+        self, severity: Severity, rule: str, path: YamlPath, message: str, *, key: bool = False
+    ) -> Finding:
+        line, col = self.position(path, key=key)
+        return Finding(self.file, line, col, rule, severity, message)
+
+
+def load_document(path: Path, display: str) -> tuple[Document | None, list[Finding]]:
+    """Parse one YAML file; findings instead of exceptions for a user's mistakes."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, [Finding(display, 1, 1, "yaml", "error", f"cannot read the file: {exc.strerror}.")]
+    if len(raw) > MAX_FILE_BYTES:
+        return None, [
+            Finding(display, 1, 1, "yaml", "error",
+                    f"the file is {len(raw):,} bytes; a model file is a page of YAML. "
+                    "Split it into one file per model.")
+        ]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, [
+            Finding(display, 1, 1, "yaml", "error",
+                    f"the file is not UTF-8 (byte {exc.start}); save it as UTF-8.")
+        ]
+    try:
+        data = _fast_yaml().load(text)
+    except MarkedYAMLError as exc:
+        return None, [_yaml_finding(display, exc)]
+    except YAMLError as exc:  # unmarked: rare, but never a traceback
+        return None, [Finding(display, 1, 1, "yaml", "error", f"not valid YAML: {exc}.")]
+    doc = Document(display, text, data)
+    if _shares_a_container(data):
+        return doc, [
+            Finding(display, *_first_alias(text), "yaml", "error",
+                    "anchors and aliases (&name / *name) are not allowed in catalogue files, "
+                    "so a file cannot expand into something huge; write the value out in full.")
+        ]
+    return doc, []
+
+
+def _yaml_finding(display: str, exc: MarkedYAMLError) -> Finding:
+    mark = exc.problem_mark or exc.context_mark
+    line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+    problem = (exc.problem or exc.context or "not valid YAML").strip()
+    if isinstance(exc, DuplicateKeyError):
+        first = exc.context_mark
+        where = f" (first at line {first.line + 1})" if first is not None else ""
+        key = problem.split('"')[1] if '"' in problem else "this key"
+        return Finding(display, line, col, "yaml", "error",
+                       f"the key {key!s} appears twice{where}; keep one of them.")
+    return Finding(display, line, col, "yaml", "error", f"not valid YAML: {problem}; {_hint(problem)}")
+
+
+def _hint(problem: str) -> str:
+    if "tab" in problem:
+        return "indent with spaces, not tabs."
+    if "found unexpected ':'" in problem:
+        return 'inside [ ] or { }, quote a value that contains a colon, e.g. ["http://host:8000"].'
+    if "mapping values are not allowed" in problem:
+        return "a value containing ': ' must be quoted, e.g. description: \"Fast: good for chat\"."
+    if "expected <block end>" in problem or "could not find expected" in problem:
+        return "check the indentation of this line against the lines above it."
+    if "found character" in problem and "cannot start any token" in problem:
+        return "quote the value; characters such as ` @ % cannot start a plain value."
+    if "found undefined alias" in problem:
+        return "write the value out in full; catalogue files do not use aliases."
+    return "check the line for a missing quote, colon or indentation."
+
+
+def _shares_a_container(data: Any) -> bool:
+    """True when one list or mapping appears twice in the tree: the mark of an alias.
+
+    Checking the parsed tree by identity costs one pass over distinct nodes, so a
+    "billion laughs" file is refused in microseconds instead of being expanded by
+    the schema check that would walk every path through it.
+    """
+    seen: set[int] = set()
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            children = list(node.values())
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if id(node) in seen:
+            return True
+        seen.add(id(node))
+        stack.extend(children)
+    return False
+
+
+def _first_alias(text: str) -> tuple[int, int]:
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.split("#", 1)[0]
+        for marker in ("*", "&"):
+            col = stripped.find(marker)
+            if col >= 0:
+                return n, col + 1
+    return 1, 1

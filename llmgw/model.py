@@ -1,0 +1,141 @@
+"""Typed catalogue and fleet, built from documents the schema has already accepted.
+
+The schema decides what is valid; these classes only give the rest of the
+pipeline names and types to work with, and fill in the schema's defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Engine = Literal["llamacpp", "vllm"]
+Task = Literal["chat", "completion", "embedding"]
+
+DEFAULT_PORTS = (8001, 8099)
+
+# Engines that cannot run without a GPU: a profile using one asks for a GPU
+# unless it says otherwise.
+GPU_ENGINES = frozenset({"vllm"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Architecture(_Frozen):
+    layers: int
+    kv_heads: int
+    head_dim: int
+    kv_bytes: float = 2
+
+
+class Profile(_Frozen):
+    name: str
+    engine: Engine
+    ctx_size: int | None = None
+    args: tuple[str, ...] = ()
+    min_memory_gb: float | None = None
+    gpus: int | None = None
+    node_selector: dict[str, str] = {}
+    weight: int = 1
+    priority: int = 100
+    replicas: int | None = None
+    endpoints: tuple[str, ...] | None = None
+
+    @property
+    def external(self) -> bool:
+        return self.endpoints is not None
+
+    @property
+    def gpus_needed(self) -> int:
+        if self.gpus is not None:
+            return self.gpus
+        return 1 if self.engine in GPU_ENGINES else 0
+
+    def arg_value(self, *flags: str) -> str | None:
+        """The value after the last of `flags` in args (`--parallel 4` or `--parallel=4`)."""
+        found = None
+        for i, arg in enumerate(self.args):
+            name, eq, value = arg.partition("=")
+            if name in flags:
+                found = value if eq else (self.args[i + 1] if i + 1 < len(self.args) else None)
+        return found
+
+    @property
+    def slots(self) -> int:
+        """llama.cpp's parallel slots, among which it divides ctx_size."""
+        value = self.arg_value("--parallel", "-np")
+        return int(value) if value and value.isdigit() and int(value) > 0 else 1
+
+
+class ModelSpec(_Frozen):
+    name: str
+    description: str | None = None
+    aliases: tuple[str, ...] = ()
+    task: Task = "chat"
+    source: str
+    weights_bytes: int | None = None
+    architecture: Architecture | None = None
+    context_length: int
+    max_output: int | None = None
+    replicas: int = 1
+    profiles: tuple[Profile, ...]
+
+    def replicas_for(self, profile: Profile) -> int:
+        return profile.replicas if profile.replicas is not None else self.replicas
+
+    def ctx_size_for(self, profile: Profile) -> int:
+        """The engine's context pool: enough for every slot to take a full request by default."""
+        if profile.ctx_size is not None:
+            return profile.ctx_size
+        return self.context_length * (profile.slots if profile.engine == "llamacpp" else 1)
+
+    def routing_order(self) -> list[Profile]:
+        # Lower priority first, as with DNS SRV records; ties keep the file's order.
+        return sorted(self.profiles, key=lambda p: p.priority)
+
+
+class GPUs(_Frozen):
+    count: int
+    memory_gb: float
+
+
+class Ports(_Frozen):
+    first: int = DEFAULT_PORTS[0]
+    last: int = DEFAULT_PORTS[1]
+
+
+class Node(_Frozen):
+    name: str
+    address: str
+    memory_gb: float
+    gpus: GPUs | None = None
+    labels: dict[str, str] = {}
+    # None: an older agent that reports nothing. Unknown, not "none installed".
+    engines: tuple[str, ...] | None = None
+    ports: Ports = Ports()
+
+    @property
+    def gpu_count(self) -> int:
+        return self.gpus.count if self.gpus else 0
+
+    @property
+    def gpu_memory_gb(self) -> float:
+        return self.gpus.memory_gb if self.gpus else 0.0
+
+    def matches(self, selector: dict[str, str]) -> bool:
+        return all(self.labels.get(k) == v for k, v in selector.items())
+
+    def reports(self, engine: str) -> bool | None:
+        """True/False when the agent reports engines; None when it reports nothing."""
+        return None if self.engines is None else engine in self.engines
+
+
+class Fleet(_Frozen):
+    nodes: tuple[Node, ...]
+    file: str = "fleet.yaml"
+
+    def matching(self, selector: dict[str, str]) -> list[Node]:
+        return [n for n in self.nodes if n.matches(selector)]

@@ -1,0 +1,19 @@
+"""Reporters: findings → output. A small registry that also supplies `--format`'s choices."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TextIO
+
+from llmgw.findings import Finding
+from llmgw.report import github, json_report, text
+
+Reporter = Callable[..., None]  # (findings, stream, *, color: bool) -> None
+
+REPORTERS: dict[str, Reporter] = {
+    "text": text.report,
+    "json": json_report.report,
+    "github": github.report,
+}
+
+__all__ = ["REPORTERS", "Finding", "Reporter", "TextIO"]

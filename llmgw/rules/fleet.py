@@ -1,0 +1,54 @@
+"""selector-matches-nothing, engine-unavailable: can the fleet run this profile at all."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from llmgw.findings import Finding
+from llmgw.model import GPU_ENGINES, Fleet, Profile
+from llmgw.rules import Context, Entry
+
+
+def check(ctx: Context) -> Iterator[Finding]:
+    for entry in ctx.entries:
+        for profile in entry.spec.profiles:
+            if profile.external:
+                continue
+            yield from _check_profile(entry, profile, ctx.fleet)
+
+
+def _check_profile(entry: Entry, profile: Profile, fleet: Fleet) -> Iterator[Finding]:
+    path = entry.profile_path(profile)
+    nodes = fleet.matching(profile.node_selector)
+    if not nodes:
+        yield entry.doc.finding(
+            "error", "selector-matches-nothing", (*path, "node_selector"),
+            f"node_selector {_selector(profile)} matches no node in {fleet.file}; "
+            f"{_labels_hint(fleet)} Fix the selector, or label a node to match it.",
+        )
+        return
+    answers = [n.reports(profile.engine) for n in nodes]
+    if any(answers) or None in answers:
+        # A node that reports nothing is an older agent: unknown, not "none installed".
+        return
+    message = (
+        f"no node matching {_selector(profile)} reports engine {profile.engine}; replicas "
+        "are placed there anyway and will not start until it is installed."
+    )
+    if profile.engine in GPU_ENGINES and not any(n.gpu_count for n in fleet.nodes):
+        message += (f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
+                    "the same model runs on the CPU nodes with engine llamacpp.")
+    yield entry.doc.finding("warning", "engine-unavailable", (*path, "engine"), message)
+
+
+def _selector(profile: Profile) -> str:
+    if not profile.node_selector:
+        return "{} (every node)"
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(profile.node_selector.items())) + "}"
+
+
+def _labels_hint(fleet: Fleet) -> str:
+    labels = sorted({f"{k}={v}" for n in fleet.nodes for k, v in n.labels.items()})
+    if not labels:
+        return "no node in it has labels."
+    return f"the labels in it are: {', '.join(labels)}."

@@ -1,0 +1,52 @@
+"""memory-fit, memory-unknown: a replica's memory figure exists and fits somewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from llmgw.findings import Finding
+from llmgw.model import Fleet, Node, Profile
+from llmgw.rules import Context, Entry
+
+
+def check(ctx: Context) -> Iterator[Finding]:
+    for entry in ctx.entries:
+        for profile in entry.spec.profiles:
+            if profile.external:
+                continue
+            yield from _check_profile(entry, profile, ctx.fleet)
+
+
+def capacity_gb(node: Node, profile: Profile) -> float:
+    """What one replica of `profile` can use on `node`: GPU memory when it asks for GPUs."""
+    gpus = profile.gpus_needed
+    if gpus:
+        return node.gpu_memory_gb * min(gpus, node.gpu_count)
+    return node.memory_gb
+
+
+def _check_profile(entry: Entry, profile: Profile, fleet: Fleet) -> Iterator[Finding]:
+    path = entry.profile_path(profile)
+    memory = entry.memory(profile)
+    if memory is None:
+        yield entry.doc.finding(
+            "error", "memory-unknown", path,
+            "cannot tell how much memory a replica needs: the size of the weights is unknown. "
+            "Write weights_bytes (the size of the weights in bytes) or min_memory_gb for this "
+            "profile, so it is not placed on a node too small to hold it.",
+        )
+        return
+    nodes = fleet.matching(profile.node_selector)
+    if not nodes:
+        return  # selector-matches-nothing says so
+    largest = max(nodes, key=lambda n: (capacity_gb(n, profile), n.name))
+    room = capacity_gb(largest, profile)
+    if memory.gb <= room:
+        return
+    kind = f"{profile.gpus_needed} GPU(s) of" if profile.gpus_needed else ""
+    yield entry.doc.finding(
+        "warning", "memory-fit", path,
+        f"a replica needs {memory.gb:g} GB ({memory.basis}) but the largest node it may run on, "
+        f"{largest.name}, has {kind} {room:g} GB".replace("  ", " ")
+        + ". Write min_memory_gb if the estimate is wrong, or add a larger node.",
+    )

@@ -1,0 +1,86 @@
+"""What a model's `source` names: one file, a repository, or a directory, and in what format."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal
+from urllib.parse import urlparse
+
+Format = Literal["gguf", "safetensors", "bin", "repository", "unknown"]
+
+WEIGHT_SUFFIXES = {".gguf": "gguf", ".safetensors": "safetensors", ".bin": "bin"}
+
+# Which engine reads which format. A repository id is for an engine that fetches
+# the files itself (vLLM); llama.cpp needs to be handed one GGUF file.
+READERS: dict[str, frozenset[str]] = {
+    "gguf": frozenset({"llamacpp"}),
+    "safetensors": frozenset({"vllm"}),
+    "bin": frozenset({"vllm"}),
+    "repository": frozenset({"vllm"}),
+}
+
+# model-00001-of-00004.safetensors, Llama-70B-Q4_K_M-00001-of-00002.gguf
+_SHARD = re.compile(r"-(\d{3,6})-of-(\d{3,6})\.[A-Za-z0-9]+$")
+
+
+@dataclass(frozen=True)
+class Source:
+    text: str
+    kind: Literal["hf-file", "hf-repo", "url", "path"]
+    format: Format
+    suffix: str  # the file's extension, "" for a repository or directory
+    shard: tuple[int, int] | None  # (index, total) when the file is one part of several
+    repository: str | None  # hf://org/repo for hf:// sources
+    local: Path | None  # resolved path for local sources
+    weight_files: tuple[Path, ...] = ()  # for a local directory: the weight files in it
+
+    @property
+    def several_files(self) -> bool:
+        return self.shard is not None or len(self.weight_files) > 1
+
+
+def classify_source(text: str, base_dir: Path) -> Source:
+    """Local paths are relative to the model file's own folder, like its $schema comment."""
+    if text.startswith("hf://"):
+        parts = [p for p in text[len("hf://"):].split("/") if p]
+        repository = "hf://" + "/".join(parts[:2])
+        if len(parts) <= 2:
+            return Source(text, "hf-repo", "repository", "", None, repository, None)
+        return _file_source(text, "hf-file", parts[-1], repository, None)
+    if text.startswith(("https://", "http://")):
+        name = PurePosixPath(urlparse(text).path).name
+        return _file_source(text, "url", name, None, None)
+    local = (base_dir / text).resolve() if not Path(text).is_absolute() else Path(text)
+    if local.is_dir():
+        weights = tuple(sorted(p for p in local.iterdir() if p.suffix in WEIGHT_SUFFIXES))
+        fmt: Format = "repository"
+        if len(weights) == 1:
+            fmt = WEIGHT_SUFFIXES[weights[0].suffix]  # type: ignore[assignment]
+        return Source(text, "path", fmt, "", None, None, local, weights)
+    return _file_source(text, "path", local.name, None, local)
+
+
+def _file_source(
+    text: str, kind: Literal["hf-file", "url", "path"], name: str, repo: str | None, local: Path | None
+) -> Source:
+    suffix = PurePosixPath(name).suffix.lower()
+    fmt: Format = WEIGHT_SUFFIXES.get(suffix, "unknown")  # type: ignore[assignment]
+    match = _SHARD.search(name)
+    shard = (int(match.group(1)), int(match.group(2))) if match else None
+    if shard and shard[1] <= 1:
+        shard = None
+    return Source(text, kind, fmt, suffix, shard, repo, local)
+
+
+def local_weights_bytes(source: Source) -> int | None:
+    """The size on disk of a local source, when it is there to measure."""
+    try:
+        if source.weight_files:
+            return sum(p.stat().st_size for p in source.weight_files)
+        if source.local is not None and source.local.is_file():
+            return source.local.stat().st_size
+    except OSError:
+        return None
+    return None
