@@ -1,0 +1,114 @@
+"""Schema-valid plans for dashboard tests, built in code so each test says what it needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmgw.plan import plan_digest
+
+LONG_DESCRIPTION = (
+    "Long-context chat for whole repositories and contracts. "
+    + "It keeps going and going, because some catalogue authors write essays. " * 25
+    + "An unbreakable token follows: "
+    + "https://example.invalid/" + "x" * 180
+)
+HOSTILE_DESCRIPTION = (
+    '<script>window.__pwned = "script"</script>'
+    '<img src="x" onerror="window.__pwned = \'img\'"> & friends'
+)
+
+
+def make_profile(
+    name: str, endpoints: list[str], *, engine: str = "llamacpp", external: bool = False
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "engine": engine,
+        "priority": 100,
+        "weight": 1,
+        "ctx_size": 8192,
+        "args": [],
+        "gpus": 0,
+        "node_selector": {},
+        "memory": {"gb": 6.0, "source": "estimated", "basis": "weights plus KV pool"},
+        "served_name": name,
+        "external": external,
+        "replicas": [{"endpoint": e} for e in endpoints],
+    }
+
+
+def make_model(
+    name: str,
+    profiles: list[dict[str, Any]],
+    *,
+    description: str | None = "A model for tests.",
+    aliases: list[str] | None = None,
+    task: str = "chat",
+    context_length: int = 8192,
+) -> dict[str, Any]:
+    model: dict[str, Any] = {
+        "name": name,
+        "aliases": aliases or [],
+        "task": task,
+        "source": f"hf://example/{name}",
+        "format": "gguf",
+        "context_length": context_length,
+        "replicas": sum(len(p["replicas"]) for p in profiles) or 1,
+        "file": f"catalog/{name}.yaml",
+        "profiles": profiles,
+        "warnings": [],
+    }
+    if description is not None:
+        model["description"] = description
+    return model
+
+
+def make_plan(models: list[dict[str, Any]]) -> dict[str, Any]:
+    plan: dict[str, Any] = {
+        "format_version": "1",
+        "digest": "",
+        "generated_by": {"tool": "llmgw", "version": "0.1.0"},
+        "inputs": {
+            "catalog": "catalog",
+            "fleet": {"path": "fleet.yaml", "sha256": "0" * 64},
+            "files": [],
+        },
+        "nodes": [],
+        "models": models,
+    }
+    plan["digest"] = plan_digest(plan)
+    return plan
+
+
+def sample_models(endpoints: list[str]) -> list[dict[str, Any]]:
+    """Four models covering what the page must get right, on the given endpoints
+    (at least six: two for the first model, one each after)."""
+    e = endpoints
+    return [
+        make_model(
+            "llama-3.1-8b",
+            [make_profile("cpu", [e[0], e[1]])],
+            aliases=["llama3", "default"],
+            description="General chat, fast and cheap; the default for most requests.",
+        ),
+        make_model(
+            "qwen2.5-32b-long",
+            [make_profile("gpu", [e[2]], engine="vllm"), make_profile("cpu", [e[3]])],
+            aliases=["qwen", "long"],
+            context_length=131072,
+            description=LONG_DESCRIPTION,
+        ),
+        make_model(
+            "hostile",
+            [make_profile("cpu", [e[4]])],
+            aliases=["<b>bold</b>"],
+            description=HOSTILE_DESCRIPTION,
+        ),
+        make_model(
+            "nomic-embed",
+            [make_profile("cpu", [e[5]])],
+            task="embedding",
+            context_length=2048,
+            description=None,
+        ),
+    ]
