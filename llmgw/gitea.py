@@ -1,0 +1,174 @@
+"""Post, or update in place, llmgw's one comment on a Gitea pull request.
+
+Gitea renders no annotations, and older Gitea no job summaries, so this comment is what a
+reviewer reads. It is found again by a marker on its first line: every push to the pull
+request updates the same comment instead of adding another one under it.
+
+Everything comes from the environment Gitea Actions gives a job, so the workflow step is
+one line; errors are sentences (GiteaError) naming the variable or the HTTP answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from llmgw.errors import LlmgwError
+
+DEFAULT_MARKER = "<!-- llmgw:pull-request-comment -->"
+# Gitea stores comment bodies as TEXT, but a comment this long is unreadable anyway and
+# some proxies in front of Gitea refuse large request bodies.
+MAX_BODY_CHARS = 60_000
+TIMEOUT_SECONDS = 30.0
+
+
+class GiteaError(LlmgwError):
+    pass
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    server: str  # https://gitea.example.org, no trailing slash
+    owner: str
+    repo: str
+    number: int
+    token: str
+
+    @property
+    def api(self) -> str:
+        return f"{self.server}/api/v1/repos/{self.owner}/{self.repo}"
+
+
+@dataclass(frozen=True)
+class Posted:
+    action: Literal["created", "updated", "unchanged"]
+    comment_id: int
+    url: str | None
+
+
+def pull_request_from_env(env: Mapping[str, str], number: int | None = None) -> PullRequest:
+    """The pull request this job runs for, from the variables Gitea Actions sets."""
+    server = (env.get("GITEA_SERVER_URL") or env.get("GITHUB_SERVER_URL") or "").rstrip("/")
+    repository = env.get("GITHUB_REPOSITORY") or env.get("GITEA_REPOSITORY") or ""
+    token = env.get("GITEA_TOKEN") or env.get("GITHUB_TOKEN") or ""
+    missing = [
+        name
+        for name, value in (
+            ("GITHUB_SERVER_URL (or GITEA_SERVER_URL)", server),
+            ("GITHUB_REPOSITORY", repository),
+            ("GITHUB_TOKEN (or GITEA_TOKEN)", token),
+        )
+        if not value
+    ]
+    if missing:
+        raise GiteaError(
+            f"cannot post the pull-request comment: {', '.join(missing)} not set. Gitea Actions "
+            "sets these in every job; outside a job, export them (the token needs write access "
+            "to the repository's issues)."
+        )
+    if "/" not in repository:
+        raise GiteaError(f"GITHUB_REPOSITORY is {repository!r}; expected owner/name.")
+    owner, repo = repository.split("/", 1)
+    if number is None:
+        number = _number_from_event(env.get("GITHUB_EVENT_PATH") or env.get("GITEA_EVENT_PATH"))
+    return PullRequest(server, owner, repo, number, token)
+
+
+def _number_from_event(event_path: str | None) -> int:
+    if not event_path:
+        raise GiteaError(
+            "cannot tell which pull request to comment on: GITHUB_EVENT_PATH is not set. "
+            "Run this in a pull_request workflow, or pass --pr NUMBER."
+        )
+    try:
+        event = json.loads(Path(event_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise GiteaError(f"cannot read the workflow event {event_path}: {exc}.") from None
+    number = (event.get("pull_request") or {}).get("number") or event.get("number")
+    if not isinstance(number, int):
+        raise GiteaError(
+            f"the workflow event {event_path} is not about a pull request (no pull_request.number);"
+            " run this step only `on: pull_request`, or pass --pr NUMBER."
+        )
+    return number
+
+
+def with_marker(body: str, marker: str = DEFAULT_MARKER) -> str:
+    """The body as posted: marker first, cut short with a note if it is too long."""
+    if len(body) > MAX_BODY_CHARS:
+        body = body[:MAX_BODY_CHARS].rsplit("\n", 1)[0] + (
+            "\n\n…cut short: the rest is in the job log and summary of this workflow run.\n"
+        )
+    return f"{marker}\n{body}"
+
+
+def post_comment(
+    pr: PullRequest,
+    body: str,
+    marker: str = DEFAULT_MARKER,
+    transport: httpx.BaseTransport | None = None,
+) -> Posted:
+    """Create llmgw's comment on `pr`, or update the one that carries `marker`."""
+    text = with_marker(body, marker)
+    headers = {"Authorization": f"token {pr.token}", "Accept": "application/json"}
+    with httpx.Client(headers=headers, timeout=TIMEOUT_SECONDS, transport=transport) as client:
+        comments = _call(client, "GET", f"{pr.api}/issues/{pr.number}/comments", pr)
+        if not isinstance(comments, list):
+            raise GiteaError(f"Gitea at {pr.server} answered the comment list with no list.")
+        ours = [c for c in comments if str(c.get("body", "")).startswith(marker)]
+        if not ours:
+            created = _call(
+                client, "POST", f"{pr.api}/issues/{pr.number}/comments", pr, {"body": text}
+            )
+            return Posted("created", int(created["id"]), created.get("html_url"))
+        # The oldest is kept and updated, so the comment stays where the conversation began.
+        existing = min(ours, key=lambda c: int(c["id"]))
+        if existing.get("body") == text:
+            return Posted("unchanged", int(existing["id"]), existing.get("html_url"))
+        updated = _call(
+            client, "PATCH", f"{pr.api}/issues/comments/{existing['id']}", pr, {"body": text}
+        )
+        return Posted("updated", int(updated["id"]), updated.get("html_url"))
+
+
+def _call(client: httpx.Client, method: str, url: str, pr: PullRequest, payload: Any = None) -> Any:
+    try:
+        response = client.request(method, url, json=payload)
+    except httpx.HTTPError as exc:
+        raise GiteaError(f"cannot reach Gitea at {pr.server}: {exc}.") from None
+    if response.status_code in (401, 403):
+        raise GiteaError(
+            f"Gitea refused {method} {url} (HTTP {response.status_code}): the token may not "
+            "write to this repository's issues. A pull request from a fork gets a read-only "
+            "token; the comment can only be posted for branches of this repository."
+        )
+    if response.status_code == 404:
+        raise GiteaError(
+            f"Gitea has no pull request #{pr.number} in {pr.owner}/{pr.repo} at {pr.server} "
+            f"({method} {url} answered 404); check GITHUB_REPOSITORY and the event."
+        )
+    if response.is_error:
+        raise GiteaError(
+            f"Gitea answered {method} {url} with HTTP {response.status_code}: {_message(response)}."
+        )
+    try:
+        return response.json()
+    except ValueError:
+        raise GiteaError(
+            f"Gitea answered {method} {url} with something that is not JSON."
+        ) from None
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        doc = response.json()
+    except ValueError:
+        return response.text.strip()[:200] or "(no body)"
+    if isinstance(doc, dict) and doc.get("message"):
+        return str(doc["message"])
+    return json.dumps(doc)[:200]

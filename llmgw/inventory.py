@@ -1,0 +1,190 @@
+"""The fleet entry of the machine this runs on, from what the machine reports.
+
+Fleet files used to be written from memory, and a node written down as 64 GB that had 32
+is how a model gets placed where it cannot load. So each fact here is read, never
+assumed: memory from the OS, GPUs from nvidia-smi, engines from PATH. Labels and the
+address are the operator's to give, because no probe can know what the gateway reaches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+
+from llmgw.errors import UsageError
+from llmgw.schema import validator
+
+# The same decimal gigabyte the memory estimate uses (llmgw.memory.GB), so a node's size
+# and a model's need are compared in one unit.
+GB = 1_000_000_000
+MIB = 1024 * 1024
+
+# Executable on PATH → the engine name the catalogue uses.
+ENGINE_EXECUTABLES = {"llama-server": "llamacpp", "vllm": "vllm"}
+
+Which = Callable[[str], str | None]
+Run = Callable[[list[str]], str]
+
+
+@dataclass
+class Inventory:
+    entry: dict[str, Any]
+    notes: list[str] = field(default_factory=list)  # what was not found, for stderr
+
+
+def take_inventory(
+    *,
+    name: str | None = None,
+    address: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    ports: tuple[int, int] | None = None,
+    meminfo: Path = Path("/proc/meminfo"),
+    path: str | None = None,
+    run: Run | None = None,
+) -> Inventory:
+    """Read this machine's facts into one fleet node entry, checked against the fleet schema."""
+    notes: list[str] = []
+
+    def which(cmd: str) -> str | None:
+        return shutil.which(cmd, path=path if path is not None else os.environ.get("PATH"))
+
+    hostname = socket.gethostname().split(".")[0]
+    entry: dict[str, Any] = {
+        "name": name or _node_name(hostname),
+        "address": address or socket.getfqdn(),
+        "memory_gb": memory_gb(meminfo),
+    }
+    gpus = gpus_from_nvidia_smi(which, run or _run, notes)
+    if gpus is not None:
+        entry["gpus"] = gpus
+    entry["labels"] = dict(sorted((labels or {}).items()))
+    # Always written, even empty: this agent looked, so an empty list means none found,
+    # where a missing key would mean an older agent that does not say.
+    entry["engines"] = sorted(
+        engine for exe, engine in ENGINE_EXECUTABLES.items() if which(exe) is not None
+    )
+    if not entry["engines"]:
+        notes.append(
+            f"no engine found on PATH (looked for {', '.join(sorted(ENGINE_EXECUTABLES))}); "
+            "install one or fix PATH before placing replicas here."
+        )
+    if ports is not None:
+        entry["ports"] = {"first": ports[0], "last": ports[1]}
+    if not address:
+        notes.append(
+            f"address {entry['address']} is this machine's own name for itself; pass --address "
+            "with the one the gateway reaches it on, if that differs."
+        )
+    _check(entry)
+    return Inventory(entry, notes)
+
+
+def _node_name(hostname: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", hostname).strip("-._")[:63]
+    return cleaned or "node"
+
+
+def memory_gb(meminfo: Path = Path("/proc/meminfo")) -> float:
+    """Total memory in GB, rounded down: overstating it is what places a model that won't fit."""
+    total_bytes = _meminfo_total(meminfo)
+    if total_bytes is None:
+        try:
+            total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            raise UsageError(
+                "cannot read this machine's memory (no /proc/meminfo, no sysconf); "
+                "write memory_gb into the fleet file by hand."
+            ) from None
+    return _floor_tenth(total_bytes / GB)
+
+
+def _meminfo_total(meminfo: Path) -> int | None:
+    try:
+        text = meminfo.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def gpus_from_nvidia_smi(which: Which, run: Run, notes: list[str]) -> dict[str, Any] | None:
+    """{count, memory_gb} from nvidia-smi; None when it is absent or cannot answer."""
+    exe = which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"])
+    except (OSError, subprocess.SubprocessError) as exc:
+        notes.append(f"nvidia-smi is installed but failed ({exc}); GPUs left out of the entry.")
+        return None
+    sizes_mib = [float(x) for x in re.findall(r"^\s*(\d+(?:\.\d+)?)\s*$", out, re.MULTILINE)]
+    if not sizes_mib:
+        notes.append("nvidia-smi reported no GPUs; GPUs left out of the entry.")
+        return None
+    # The fleet has one size per node; with mixed cards the smallest is the one every
+    # replica can count on.
+    if len(set(sizes_mib)) > 1:
+        notes.append("GPUs of different sizes: memory_gb is the smallest of them.")
+    return {"count": len(sizes_mib), "memory_gb": _floor_tenth(min(sizes_mib) * MIB / GB)}
+
+
+def _run(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def _floor_tenth(x: float) -> float:
+    value = math.floor(x * 10) / 10
+    return int(value) if value.is_integer() else value
+
+
+def _check(entry: dict[str, Any]) -> None:
+    node_schema = validator("fleet").schema["properties"]["nodes"]["items"]
+    errors = sorted(
+        validator("fleet").evolve(schema=node_schema).iter_errors(entry),
+        key=lambda e: list(e.absolute_path),
+    )
+    if errors:
+        at = "/".join(str(p) for p in errors[0].absolute_path) or "the entry"
+        raise UsageError(
+            f"the inventory would not be a valid fleet node ({at}: {errors[0].message})."
+        )
+
+
+def parse_labels(pairs: tuple[str, ...]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--label {pair!r} is not KEY=VALUE (for example --label pool=gpu).")
+        labels[key] = value
+    return labels
+
+
+def parse_ports(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)-(\d+)", text.strip())
+    if not match or not (1 <= int(match.group(1)) <= int(match.group(2)) <= 65535):
+        raise UsageError(
+            f"--ports {text!r} is not FIRST-LAST within 1-65535 (for example 8001-8099)."
+        )
+    return int(match.group(1)), int(match.group(2))
+
+
+def entry_yaml(entry: dict[str, Any]) -> str:
+    """The entry as a `nodes:` list item, indented to paste under `nodes:` in fleet.yaml."""
+    yaml = YAML()
+    yaml.default_flow_style = None  # leaves in flow style: labels: {pool: gpu}, like fleet.yaml
+    yaml.indent(mapping=2, sequence=2, offset=0)
+    out = StringIO()
+    yaml.dump([entry], out)
+    return "".join(f"  {line}\n" if line else "\n" for line in out.getvalue().splitlines())
