@@ -135,3 +135,113 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+# GitOps commands: diff, pr-comment, inventory. Imports are local so `llmgw lint` does not
+# pay for httpx; the logic lives in llmgw.diff, llmgw.gitea and llmgw.inventory.
+
+
+@main.command("diff")
+@click.argument("old", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "markdown", "text"]),
+    default="text",
+    show_default=True,
+)
+@click.option(
+    "--detailed-exitcode",
+    is_flag=True,
+    help="Exit 0 when nothing changes, 2 when something does, 1 on error (as terraform plan).",
+)
+def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> None:
+    """Show what deploying plan NEW over plan OLD changes, model by model.
+
+    An empty OLD (such as /dev/null) stands for no plan: everything is added.
+    """
+    from llmgw.diff import diff_plans, read_side
+    from llmgw.report.diff_formats import DIFF_REPORTERS
+
+    try:
+        changes = diff_plans(read_side(old), read_side(new))
+    except LlmgwError as exc:
+        if not detailed_exitcode:
+            raise
+        click.echo(f"llmgw: {exc}", err=True)
+        sys.exit(1)
+    out = click.get_text_stream("stdout")
+    DIFF_REPORTERS[fmt](changes, out, color=fmt == "text" and _use_color(out))
+    if detailed_exitcode:
+        sys.exit(2 if changes.has_changes else 0)
+
+
+@main.command("pr-comment")
+@click.option(
+    "--body-file",
+    type=click.File("r", encoding="utf-8"),
+    default="-",
+    show_default=True,
+    help="Markdown to post; - for standard input.",
+)
+@click.option(
+    "--pr",
+    "number",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Pull request number; read from the workflow event ($GITHUB_EVENT_PATH) when absent.",
+)
+@click.option("--marker", default=None, help="Hidden first line the comment is found again by.")
+def pr_comment_command(body_file: click.utils.LazyFile, number: int | None, marker: str | None) -> None:
+    """Post llmgw's comment on the pull request, or update it in place.
+
+    Server, repository and token come from the environment Gitea Actions sets
+    (GITHUB_SERVER_URL, GITHUB_REPOSITORY, GITHUB_TOKEN).
+    """
+    from llmgw.gitea import DEFAULT_MARKER, GiteaError, post_comment, pull_request_from_env
+
+    body = body_file.read()
+    if not body.strip():
+        raise GiteaError("the comment body is empty; pass the markdown to post with --body-file.")
+    pr = pull_request_from_env(os.environ, number)
+    posted = post_comment(pr, body, marker or DEFAULT_MARKER)
+    where = f": {posted.url}" if posted.url else ""
+    click.echo(
+        f"{posted.action.capitalize()} comment {posted.comment_id} on pull request "
+        f"#{pr.number} of {pr.owner}/{pr.repo}{where}",
+        err=True,
+    )
+
+
+@main.command("inventory")
+@click.option("--name", default=None, help="Node name; this machine's short hostname when absent.")
+@click.option("--address", default=None, help="Address the gateway reaches this node on.")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Repeatable.")
+@click.option("--ports", default=None, metavar="FIRST-LAST", help="Ports replicas may use here.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["json", "yaml"]), default="yaml", show_default=True
+)
+def inventory_command(
+    name: str | None, address: str | None, labels: tuple[str, ...], ports: str | None, fmt: str
+) -> None:
+    """Print this machine's fleet entry from what it reports: memory, GPUs, engines on PATH.
+
+    Paste the output under `nodes:` in fleet.yaml.
+    """
+    import json
+
+    from llmgw.inventory import entry_yaml, parse_labels, parse_ports, take_inventory
+
+    inventory = take_inventory(
+        name=name,
+        address=address,
+        labels=parse_labels(labels),
+        ports=parse_ports(ports) if ports else None,
+    )
+    if fmt == "json":
+        click.echo(json.dumps(inventory.entry, indent=2))
+    else:
+        click.echo(entry_yaml(inventory.entry), nl=False)
+    for note in inventory.notes:
+        click.echo(f"llmgw inventory: {note}", err=True)

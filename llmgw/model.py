@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 Engine = Literal["llamacpp", "vllm"]
 Task = Literal["chat", "completion", "embedding"]
@@ -136,6 +136,11 @@ class Node(_Frozen):
 class Fleet(_Frozen):
     nodes: tuple[Node, ...]
     file: str = "fleet.yaml"
+    # Thousands of profiles share a handful of selectors; each is answered once.
+    _matching: dict[tuple[tuple[str, str], ...], list[Node]] = PrivateAttr(default_factory=dict)
 
     def matching(self, selector: dict[str, str]) -> list[Node]:
-        return [n for n in self.nodes if n.matches(selector)]
+        key = tuple(sorted(selector.items()))
+        if key not in self._matching:
+            self._matching[key] = [n for n in self.nodes if n.matches(selector)]
+        return self._matching[key]

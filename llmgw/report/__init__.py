@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from llmgw.findings import Finding
-from llmgw.report import github, json_report, text
+from llmgw.report import github, json_report, markdown, text
 
 Reporter = Callable[..., None]  # (findings, stream, *, color: bool) -> None
 
@@ -14,6 +14,7 @@ REPORTERS: dict[str, Reporter] = {
     "text": text.report,
     "json": json_report.report,
     "github": github.report,
+    "markdown": markdown.report_markdown,
 }
 
 __all__ = ["REPORTERS", "Finding", "Reporter", "TextIO"]

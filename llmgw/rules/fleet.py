@@ -10,26 +10,38 @@ from llmgw.rules import Context, Entry
 
 
 def check(ctx: Context) -> Iterator[Finding]:
+    runs: dict[tuple[object, ...], bool | None] = {}
     for entry in ctx.entries:
         for profile in entry.spec.profiles:
             if profile.external:
                 continue
-            yield from _check_profile(entry, profile, ctx.fleet)
+            key = (tuple(sorted(profile.node_selector.items())), profile.engine)
+            if key not in runs:
+                runs[key] = _may_run(ctx.fleet, profile)
+            yield from _check_profile(entry, profile, ctx.fleet, runs[key])
 
 
-def _check_profile(entry: Entry, profile: Profile, fleet: Fleet) -> Iterator[Finding]:
-    path = entry.profile_path(profile)
+def _may_run(fleet: Fleet, profile: Profile) -> bool | None:
+    """None when no node matches; else whether any matching node has or may have the engine."""
     nodes = fleet.matching(profile.node_selector)
     if not nodes:
+        return None
+    # A node that reports nothing is an older agent: unknown, not "none installed".
+    return any(n.reports(profile.engine) is not False for n in nodes)
+
+
+def _check_profile(
+    entry: Entry, profile: Profile, fleet: Fleet, may_run: bool | None
+) -> Iterator[Finding]:
+    path = entry.profile_path(profile)
+    if may_run is None:
         yield entry.doc.finding(
             "error", "selector-matches-nothing", (*path, "node_selector"),
             f"node_selector {_selector(profile)} matches no node in {fleet.file}; "
             f"{_labels_hint(fleet)} Fix the selector, or label a node to match it.",
         )
         return
-    answers = [n.reports(profile.engine) for n in nodes]
-    if any(answers) or None in answers:
-        # A node that reports nothing is an older agent: unknown, not "none installed".
+    if may_run:
         return
     message = (
         f"no node matching {_selector(profile)} reports engine {profile.engine}; replicas "

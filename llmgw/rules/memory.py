@@ -10,11 +10,15 @@ from llmgw.rules import Context, Entry
 
 
 def check(ctx: Context) -> Iterator[Finding]:
+    largest: dict[tuple[object, ...], tuple[Node, float] | None] = {}
     for entry in ctx.entries:
         for profile in entry.spec.profiles:
             if profile.external:
                 continue
-            yield from _check_profile(entry, profile, ctx.fleet)
+            key = (tuple(sorted(profile.node_selector.items())), profile.gpus_needed)
+            if key not in largest:
+                largest[key] = _largest(ctx.fleet, profile)
+            yield from _check_profile(entry, profile, ctx.fleet, largest[key])
 
 
 def capacity_gb(node: Node, profile: Profile) -> float:
@@ -25,7 +29,17 @@ def capacity_gb(node: Node, profile: Profile) -> float:
     return node.memory_gb
 
 
-def _check_profile(entry: Entry, profile: Profile, fleet: Fleet) -> Iterator[Finding]:
+def _largest(fleet: Fleet, profile: Profile) -> tuple[Node, float] | None:
+    nodes = fleet.matching(profile.node_selector)
+    if not nodes:
+        return None
+    node = max(nodes, key=lambda n: (capacity_gb(n, profile), n.name))
+    return node, capacity_gb(node, profile)
+
+
+def _check_profile(
+    entry: Entry, profile: Profile, fleet: Fleet, largest_node: tuple[Node, float] | None
+) -> Iterator[Finding]:
     path = entry.profile_path(profile)
     memory = entry.memory(profile)
     if memory is None:
@@ -36,11 +50,9 @@ def _check_profile(entry: Entry, profile: Profile, fleet: Fleet) -> Iterator[Fin
             "profile, so it is not placed on a node too small to hold it.",
         )
         return
-    nodes = fleet.matching(profile.node_selector)
-    if not nodes:
+    if largest_node is None:
         return  # selector-matches-nothing says so
-    largest = max(nodes, key=lambda n: (capacity_gb(n, profile), n.name))
-    room = capacity_gb(largest, profile)
+    largest, room = largest_node
     if memory.gb <= room:
         return
     kind = f"{profile.gpus_needed} GPU(s) of" if profile.gpus_needed else ""

@@ -1,0 +1,127 @@
+"""Who may call, which request is which, and what became of it.
+
+One middleware object: it names each request (X-Request-Id, honoured or made up, and
+returned), checks API keys on /v1, stamps the plan digest on every /v1 answer, and writes
+the access log and request metrics. A streamed answer is logged by the proxy when its last
+byte has gone, since only then are its duration and outcome known.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import time
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import falcon.asgi
+
+from llmgw.errors import UsageError
+from llmgw.gateway import metrics
+from llmgw.gateway.errors import ApiError
+from llmgw.gateway.reload import PlanState
+
+DIGEST_HEADER = "X-Llmgw-Plan-Digest"
+access_log = logging.getLogger("llmgw.access")
+
+
+def read_api_keys(path: Path) -> frozenset[str]:
+    """SHA-256 hex digests, one a line; blank lines and # comments are skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read LLMGW_API_KEYS_FILE {path}: {exc.strerror or exc}. "
+            "Point it at a file of SHA-256 digests of the keys, one a line."
+        ) from None
+    digests = set()
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip().lower()
+        if not line:
+            continue
+        if len(line) != 64 or any(c not in "0123456789abcdef" for c in line):
+            raise UsageError(
+                f"{path}:{number} is not a SHA-256 hex digest. Store `sha256(key)` in hex "
+                "(e.g. `printf %s KEY | sha256sum`), never the key itself."
+            )
+        digests.add(line)
+    return frozenset(digests)
+
+
+def _plausible_id(value: str) -> bool:
+    return 0 < len(value) <= 128 and value.isascii() and value.isprintable() and " " not in value
+
+
+class Access:
+    def __init__(self, state: PlanState, api_keys: frozenset[str] | None, log_lines: bool) -> None:
+        self.state = state
+        self.api_keys = api_keys
+        self.log_lines = log_lines
+        # Process-unique prefix plus a counter: unique across workers, and far cheaper per
+        # request than a uuid4.
+        self._prefix = os.urandom(6).hex() + "-"
+        self._ids = count(1)
+
+    async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        ctx = req.context
+        ctx.start = time.perf_counter()
+        given = req.get_header("X-Request-Id")
+        ctx.request_id = given if given and _plausible_id(given) else f"{self._prefix}{next(self._ids)}"
+        ctx.table = self.state.table
+        ctx.model = None
+        ctx.replica = None
+        ctx.ttfb = None
+        ctx.streaming = False
+        ctx.api = req.path.startswith("/v1/")
+        if ctx.api and self.api_keys is not None:
+            self._check_key(req.get_header("Authorization"))
+
+    def _check_key(self, authorization: str | None) -> None:
+        assert self.api_keys is not None
+        if not authorization or not authorization.startswith("Bearer "):
+            raise ApiError(401, "This gateway needs an API key: send `Authorization: Bearer KEY`.",
+                           type="authentication_error", code="missing_api_key")
+        digest = hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
+        if digest not in self.api_keys:
+            raise ApiError(401, "That API key is not one this gateway accepts; "
+                           "ask its operator for a key.",
+                           type="authentication_error", code="invalid_api_key")
+
+    async def process_response(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: Any, ok: bool
+    ) -> None:
+        ctx = req.context
+        if not hasattr(ctx, "request_id"):  # process_request never ran (falcon refused early)
+            return
+        resp.set_header("X-Request-Id", ctx.request_id)
+        if ctx.api:
+            resp.set_header(DIGEST_HEADER, ctx.table.digest)
+        if not ctx.streaming:
+            self.finish(req, resp.status_code)
+
+    def finish(self, req: falcon.asgi.Request, status: int) -> None:
+        ctx = req.context
+        duration = time.perf_counter() - ctx.start
+        if ctx.api:
+            model = ctx.model or "unknown"
+            metrics.REQUESTS.labels(model, str(status)).inc()
+            metrics.LATENCY.labels(model).observe(duration)
+            if ctx.ttfb is not None:
+                metrics.FIRST_BYTE.labels(model).observe(ctx.ttfb)
+        if not self.log_lines:
+            return
+        access_log.info(json.dumps({
+            "time": round(time.time(), 3),
+            "request_id": ctx.request_id,
+            "method": req.method,
+            "path": req.path,
+            "model": ctx.model,
+            "replica": ctx.replica,
+            "status": status,
+            "duration_ms": round(duration * 1000, 3),
+            "ttfb_ms": None if ctx.ttfb is None else round(ctx.ttfb * 1000, 3),
+        }))

@@ -1,0 +1,102 @@
+"""Every error the gateway answers, in OpenAI's shape, so clients' error handling just works.
+
+    ApiError                 raised by resources; status, message, type, param, code
+    falcon.HTTPError         falcon's own (unknown path, wrong method): reshaped by
+                             `serialize_http_error`
+    anything else            `handle_unexpected`: logged with its traceback, answered
+                             as a 500 that names the request id, never with the traceback
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import falcon
+import falcon.asgi
+
+log = logging.getLogger("llmgw.gateway")
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": type, "param": param, "code": code}}
+    ).encode()
+
+
+def respond(resp: falcon.asgi.Response, error: ApiError) -> None:
+    resp.status = error.status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = error.body()
+    for name, value in error.headers.items():
+        resp.set_header(name, value)
+
+
+async def handle_api_error(
+    req: falcon.asgi.Request, resp: falcon.asgi.Response, ex: ApiError, params: Any
+) -> None:
+    respond(resp, ex)
+
+
+async def handle_unexpected(
+    req: falcon.asgi.Request, resp: falcon.asgi.Response, ex: Exception, params: Any
+) -> None:
+    if isinstance(ex, falcon.HTTPError):  # falcon's own errors keep their status
+        serialize_http_error(req, resp, ex)
+        resp.status = ex.status
+        for name, value in (ex.headers or {}).items():
+            resp.set_header(name, value)
+        return
+    request_id = getattr(req.context, "request_id", "?")
+    log.exception("unexpected error serving %s %s (request %s)", req.method, req.path, request_id)
+    respond(
+        resp,
+        ApiError(
+            500,
+            f"The gateway failed on this request (request id {request_id}); "
+            "its log has the details. Retrying may work; if it keeps failing, report the id.",
+            type="server_error",
+        ),
+    )
+
+
+_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+
+
+def serialize_http_error(
+    req: falcon.asgi.Request, resp: falcon.asgi.Response, exception: falcon.HTTPError
+) -> None:
+    status = exception.status_code
+    if status == 404:
+        message = f"There is no {req.path} here; the API is under /v1 (see GET /v1/models)."
+    elif status == 405:
+        message = f"{req.path} does not answer {req.method}."
+    else:
+        message = exception.description or exception.title or "request refused"
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = error_body(message, kind)

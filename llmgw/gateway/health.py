@@ -1,0 +1,62 @@
+"""Background health checks: which replicas are in rotation, as this worker sees them.
+
+llama.cpp and vLLM both answer GET /health, with 503 while the weights are still loading,
+so "ready" is simply a 200. A replica leaves rotation after `failures` consecutive
+failures, counting both probes and requests that could not connect, and comes back on
+the first probe it answers: an engine that restarted is usable the moment it says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from llmgw.gateway import metrics
+from llmgw.gateway.reload import PlanState
+from llmgw.gateway.routing import Replica
+
+log = logging.getLogger("llmgw.gateway")
+
+
+class Health:
+    def __init__(self, client: httpx.AsyncClient, failures: int, timeout: float) -> None:
+        self.client = client
+        self.failures = failures
+        self.timeout = timeout
+
+    def failed(self, replica: Replica, why: str) -> None:
+        replica.failures += 1
+        if replica.healthy and replica.failures >= self.failures:
+            replica.healthy = False
+            metrics.REPLICA_HEALTHY.labels(replica.endpoint).set(0)
+            log.warning("replica %s out of rotation after %d failures: %s",
+                        replica.endpoint, replica.failures, why)
+
+    def answered(self, replica: Replica) -> None:
+        replica.failures = 0
+        if not replica.healthy:
+            replica.healthy = True
+            metrics.REPLICA_HEALTHY.labels(replica.endpoint).set(1)
+            log.info("replica %s back in rotation", replica.endpoint)
+
+    async def probe(self, replica: Replica) -> None:
+        try:
+            answer = await self.client.get(replica.health_url, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            self.failed(replica, f"GET /health failed: {type(exc).__name__}")
+            return
+        if answer.status_code == 200:
+            self.answered(replica)
+        else:
+            self.failed(replica, f"GET /health answered {answer.status_code}")
+
+    async def watch(self, state: PlanState, interval: float) -> None:
+        while True:
+            replicas = list(state.table.replicas.values())
+            try:
+                await asyncio.gather(*(self.probe(r) for r in replicas))
+            except Exception:  # a bug in one round must not stop checking for good
+                log.exception("health check round failed")
+            await asyncio.sleep(interval)

@@ -1,0 +1,109 @@
+"""The served plan and how it changes: at start, when the file is replaced, and on deploy.
+
+Every worker polls the plan file's identity (device, inode, size, mtime) a few times a
+second. Deploys write a new file and rename it over the old one, so the identity changes
+exactly once per deploy and a worker never sees half a plan. A plan that cannot be read
+or does not validate is refused: the old table keeps serving and the refusal is kept, so
+/readyz and the dashboard can say why the deploy did not take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+from llmgw.errors import PlanError
+from llmgw.gateway import metrics
+from llmgw.gateway.routing import RouteTable
+from llmgw.plan import parse_plan, read_plan
+
+log = logging.getLogger("llmgw.gateway")
+
+_Signature = tuple[int, int, int, int] | None
+
+
+def _signature(path: Path) -> _Signature:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class PlanState:
+    """What this worker serves now, and what became of the last attempt to change it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._signature: _Signature = _signature(path)
+        # A gateway without a plan would answer every request 404; refuse to start instead.
+        self.table = RouteTable(read_plan(path), created=self._created())
+        self.loaded_at = time.time()
+        self.refusal: str | None = None
+        metrics.PLAN_INFO.labels(self.table.digest).set(1)
+        for endpoint in self.table.replicas:
+            metrics.REPLICA_HEALTHY.labels(endpoint).set(1)
+        log.info("serving plan %s from %s", self.table.digest, path)
+
+    def _created(self) -> int:
+        try:
+            return int(os.stat(self.path).st_mtime)
+        except OSError:
+            return int(time.time())
+
+    async def watch(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_file()
+            except Exception:  # one bad poll must not end reloading for good
+                log.exception("checking %s for a new plan failed", self.path)
+
+    async def check_file(self) -> None:
+        signature = _signature(self.path)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        if signature is None:
+            self._refuse(f"the plan file {self.path} is gone; still serving {self.table.digest}.")
+            return
+        try:
+            # Validating a large plan takes a while; the event loop keeps serving meanwhile.
+            plan = await asyncio.to_thread(read_plan, self.path)
+        except PlanError as exc:
+            self._refuse(str(exc))
+            return
+        self._adopt(plan)
+
+    def accept(self, text: bytes) -> str:
+        """Validate a deployed plan, write it over the plan file, serve it; PlanError if invalid."""
+        plan = parse_plan(text, where="the deployed plan")
+        tmp = self.path.with_name(f".{self.path.name}.deploy{os.getpid()}")
+        tmp.write_bytes(text)
+        os.replace(tmp, self.path)
+        self._signature = _signature(self.path)
+        self._adopt(plan)
+        return self.table.digest
+
+    def _adopt(self, plan: dict) -> None:
+        old = self.table
+        if plan["digest"] == old.digest and self.refusal is None:
+            return
+        self.table = RouteTable(plan, created=self._created(), replicas_before=old.replicas)
+        self.loaded_at = time.time()
+        self.refusal = None
+        metrics.RELOADS.labels("loaded").inc()
+        if plan["digest"] != old.digest:
+            metrics.PLAN_INFO.labels(old.digest).set(0)
+        metrics.PLAN_INFO.labels(self.table.digest).set(1)
+        for endpoint, replica in self.table.replicas.items():
+            metrics.REPLICA_HEALTHY.labels(endpoint).set(1 if replica.healthy else 0)
+        log.info("reloaded: now serving plan %s (was %s)", self.table.digest, old.digest)
+
+    def _refuse(self, reason: str) -> None:
+        self.refusal = reason
+        metrics.RELOADS.labels("refused").inc()
+        log.error("refused a new plan, still serving %s: %s", self.table.digest, reason)

@@ -1,0 +1,173 @@
+"""Route tables: everything about a plan that does not depend on the request, built once.
+
+A table is built when a plan is loaded and never changed afterwards; a reload builds a
+new one and swaps it in, so a request keeps the table (and the replicas) it started with.
+Replica objects are carried from one table to the next by endpoint, because their health
+and in-flight counts describe the engine, not the plan that happened to list it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+# Which endpoint a model of each task may be sent to. A chat model also completes raw
+# prompts (llama.cpp and vLLM both serve /v1/completions for it); the reverse is not
+# true: a base model has no chat template, and an embedding model generates nothing.
+ENDPOINTS_FOR_TASK = {
+    "chat": frozenset({"chat", "completion"}),
+    "completion": frozenset({"completion"}),
+    "embedding": frozenset({"embedding"}),
+}
+UPSTREAM_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "embedding": "/v1/embeddings",
+}
+
+
+class Replica:
+    """One engine endpoint, as this worker sees it."""
+
+    __slots__ = ("endpoint", "urls", "health_url", "inflight", "healthy", "failures")
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        base = endpoint.rstrip("/")
+        # Plans may give the engine's root or its /v1 root; both mean the same engine.
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        self.urls = {kind: httpx.URL(base + path) for kind, path in UPSTREAM_PATHS.items()}
+        self.health_url = httpx.URL(base + "/health")
+        self.inflight = 0
+        # Unknown is not down: a replica is in rotation until checks say otherwise.
+        self.healthy = True
+        self.failures = 0
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    served_name: str
+    weight: int
+    replicas: tuple[Replica, ...]
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    task: str
+    max_output: int | None
+    # Profiles grouped by priority, lowest priority number first (as with DNS SRV).
+    tiers: tuple[tuple[Profile, ...], ...]
+    listing: Mapping[str, Any]
+
+    def candidates(self) -> Iterator[tuple[Profile, Replica]]:
+        """Replicas to try, best first: by tier, then weight, then fewest in flight."""
+        for tier in self.tiers:
+            for profile in tier if len(tier) == 1 else _by_weight(tier):
+                healthy = [r for r in profile.replicas if r.healthy]
+                while healthy:
+                    best = min(healthy, key=_inflight)
+                    yield profile, best
+                    healthy.remove(best)
+
+    def has_replicas(self) -> bool:
+        return any(p.replicas for tier in self.tiers for p in tier)
+
+
+def _inflight(replica: Replica) -> int:
+    return replica.inflight
+
+
+def _by_weight(tier: tuple[Profile, ...]) -> list[Profile]:
+    # Weighted order without replacement (Efraimidis-Spirakis): the first pick follows the
+    # weights, and the rest remain as fallbacks. Weight 0 means "only when the others
+    # cannot answer", as in SRV records.
+    keyed = [(random.random() ** (1.0 / p.weight) if p.weight > 0 else -1.0, p) for p in tier]
+    keyed.sort(key=lambda kp: kp[0], reverse=True)
+    return [p for _, p in keyed]
+
+
+class RouteTable:
+    """A loaded plan, ready to route: lookups by name or alias, and the /v1/models answer."""
+
+    def __init__(
+        self,
+        plan: dict[str, Any],
+        created: int,
+        replicas_before: Mapping[str, Replica] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.digest: str = plan["digest"]
+        self.replicas: dict[str, Replica] = {}
+        self.models: dict[str, Model] = {}
+        self._by_name: dict[str, Model] = {}
+        before = replicas_before or {}
+        for doc in plan["models"]:
+            model = self._model(doc, created, before)
+            self.models[model.name] = model
+        for model in self.models.values():
+            self._by_name[model.name] = model
+        # Aliases never shadow a real name; the compiler lints such clashes, but a plan
+        # written by hand should still route a name to the model that carries it.
+        for model in self.models.values():
+            for alias in model.listing["aliases"]:
+                self._by_name.setdefault(alias, model)
+        self.listing_body: bytes = json.dumps(
+            {"object": "list", "data": [m.listing for m in self.models.values()]}
+        ).encode()
+        self.model_bodies: dict[str, bytes] = {
+            name: json.dumps(model.listing).encode() for name, model in self._by_name.items()
+        }
+
+    def _model(self, doc: dict[str, Any], created: int, before: Mapping[str, Replica]) -> Model:
+        profiles = sorted(doc["profiles"], key=lambda p: p["priority"])  # stable: plan order
+        tiers: dict[int, list[Profile]] = {}
+        for p in profiles:
+            replicas = tuple(self._replica(r["endpoint"], before) for r in p["replicas"])
+            tiers.setdefault(p["priority"], []).append(
+                Profile(p["name"], p["served_name"], p["weight"], replicas)
+            )
+        listing: dict[str, Any] = {
+            "id": doc["name"],
+            "object": "model",
+            "created": created,
+            "owned_by": "llmgw",
+        }
+        # Undescribed means no key at all: clients show "" or null as an empty description.
+        if doc.get("description"):
+            listing["description"] = doc["description"]
+        listing["context_length"] = doc["context_length"]
+        if doc.get("max_output") is not None:
+            listing["max_output"] = doc["max_output"]
+        listing["aliases"] = list(doc["aliases"])
+        listing["task"] = doc["task"]
+        return Model(
+            name=doc["name"],
+            task=doc["task"],
+            max_output=doc.get("max_output"),
+            tiers=tuple(tuple(t) for t in tiers.values()),
+            listing=listing,
+        )
+
+    def _replica(self, endpoint: str, before: Mapping[str, Replica]) -> Replica:
+        replica = self.replicas.get(endpoint) or before.get(endpoint) or Replica(endpoint)
+        self.replicas[endpoint] = replica
+        return replica
+
+    def find(self, name: str) -> Model | None:
+        return self._by_name.get(name)
+
+    def closest(self, name: str) -> str | None:
+        """The served name most like `name`, to suggest in a 404."""
+        matches = difflib.get_close_matches(name, list(self._by_name), n=1, cutoff=0.4)
+        if not matches:
+            return None
+        return self._by_name[matches[0]].name
