@@ -180,7 +180,6 @@ def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> Non
 @main.command("pr-comment")
 @click.option(
     "--body-file",
-    type=click.File("r", encoding="utf-8"),
     default="-",
     show_default=True,
     help="Markdown to post; - for standard input.",
@@ -193,7 +192,7 @@ def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> Non
     help="Pull request number; read from the workflow event ($GITHUB_EVENT_PATH) when absent.",
 )
 @click.option("--marker", default=None, help="Hidden first line the comment is found again by.")
-def pr_comment_command(body_file: click.utils.LazyFile, number: int | None, marker: str | None) -> None:
+def pr_comment_command(body_file: str, number: int | None, marker: str | None) -> None:
     """Post llmgw's comment on the pull request, or update it in place.
 
     Server, repository and token come from the environment Gitea Actions sets
@@ -201,7 +200,10 @@ def pr_comment_command(body_file: click.utils.LazyFile, number: int | None, mark
     """
     from llmgw.gitea import DEFAULT_MARKER, GiteaError, post_comment, pull_request_from_env
 
-    body = body_file.read()
+    try:
+        body = sys.stdin.read() if body_file == "-" else Path(body_file).read_text("utf-8")
+    except OSError as exc:
+        raise GiteaError(f"cannot read the comment body {body_file}: {exc.strerror}.") from None
     if not body.strip():
         raise GiteaError("the comment body is empty; pass the markdown to post with --body-file.")
     pr = pull_request_from_env(os.environ, number)
