@@ -101,7 +101,7 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
     try:
         data = _fast_yaml().load(text)
     except MarkedYAMLError as exc:
-        return None, [_yaml_finding(display, exc)]
+        return None, [_yaml_finding(display, exc, text)]
     except YAMLError as exc:  # unmarked: rare, but never a traceback
         return None, [Finding(display, 1, 1, "yaml", "error", f"not valid YAML: {exc}.")]
     doc = Document(display, text, data)
@@ -114,17 +114,30 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
     return doc, []
 
 
-def _yaml_finding(display: str, exc: MarkedYAMLError) -> Finding:
+def _yaml_finding(display: str, exc: MarkedYAMLError, text: str) -> Finding:
     mark = exc.problem_mark or exc.context_mark
     line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
     problem = (exc.problem or exc.context or "not valid YAML").strip()
     if isinstance(exc, DuplicateKeyError):
-        first = exc.context_mark
-        where = f" (first at line {first.line + 1})" if first is not None else ""
         key = problem.split('"')[1] if '"' in problem else "this key"
+        first = _earlier_key_line(text, key, line, col)
+        where = f" (first at line {first})" if first else ""
         return Finding(display, line, col, "yaml", "error",
-                       f"the key {key!s} appears twice{where}; keep one of them.")
+                       f"the key '{key}' appears twice{where}; keep one of them.")
     return Finding(display, line, col, "yaml", "error", f"not valid YAML: {problem}; {_hint(problem)}")
+
+
+def _earlier_key_line(text: str, key: str, line: int, col: int) -> int | None:
+    """The line where `key` first appeared at the same indentation, before `line`."""
+    lines = text.splitlines()
+    indent = " " * (col - 1)
+    for n in range(line - 1, 0, -1):
+        candidate = lines[n - 1]
+        stripped = candidate[len(indent):]
+        if candidate.startswith(indent) and not stripped.startswith(" "):
+            if stripped.lstrip("- ").split(":", 1)[0].strip().strip("'\"") == key:
+                return n
+    return None
 
 
 def _hint(problem: str) -> str:

@@ -9,7 +9,6 @@ byte has gone, since only then are its duration and outcome known.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import logging
 import os

@@ -18,8 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dashboard.plans import HOSTILE_DESCRIPTION, make_model, make_plan, make_profile
-from tests.dashboard.plans import sample_models
+from tests.dashboard.plans import (
+    HOSTILE_DESCRIPTION,
+    make_model,
+    make_plan,
+    make_profile,
+    sample_models,
+)
 from tests.dashboard.upstream import FakeUpstream
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -208,13 +213,13 @@ def test_each_description_sits_directly_under_its_model_row_spanning_every_colum
         "llama-3.1-8b", "qwen2.5-32b-long", "hostile", "nomic-embed"
     ]
     for r in rows:
+        name = r["name"]
         assert abs(r["descTop"] - r["rowBottom"]) < 0.5, (
-            f"{r['name']}: description starts at {r['descTop']}px, its row ends at {r['rowBottom']}px"
+            f"{name}: description starts at {r['descTop']}px, its row ends at {r['rowBottom']}px"
         )
-        assert r["colSpan"] == r["columns"], f"{r['name']}: description spans {r['colSpan']} columns"
-        assert abs(r["cellLeft"] - r["tableLeft"]) < 1 and abs(r["cellRight"] - r["tableRight"]) < 1, (
-            f"{r['name']}: description cell is narrower than the table"
-        )
+        assert r["colSpan"] == r["columns"], f"{name}: description spans {r['colSpan']} columns"
+        left, right = r["cellLeft"] - r["tableLeft"], r["cellRight"] - r["tableRight"]
+        assert abs(left) < 1 and abs(right) < 1, f"{name}: description is narrower than the table"
     assert desktop.errors == []
 
 

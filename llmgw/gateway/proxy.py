@@ -1,0 +1,360 @@
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: check, route, relay.
+
+The request is checked against the model before any replica is bothered. Then replicas are
+tried best first (see routing.Model.candidates): a refused connection or a 5xx moves on to
+the next, because the client has seen nothing yet. Once an answer has started, its bytes go
+to the client as they arrive and nothing is retried, since a client cannot un-read a token.
+
+Nothing here holds a thread: one task per request, plus one small task that notices the
+client going away and cancels the upstream request, so an abandoned generation stops
+costing GPU time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import falcon
+import falcon.asgi
+import httpx
+
+from llmgw.gateway import metrics
+from llmgw.gateway.access import Access
+from llmgw.gateway.config import Settings
+from llmgw.gateway.errors import ApiError, error_body
+from llmgw.gateway.health import Health
+from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, RouteTable
+
+log = logging.getLogger("llmgw.gateway")
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+CLIENT_GONE = 499  # nginx's "client closed request": logged, never seen by a client
+
+# Failures that mean "this replica did not take the request": safe to send it elsewhere.
+_NOT_TAKEN = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError,
+              httpx.ReadError, httpx.WriteError)
+
+
+class Disconnect:
+    """Cancels the request's task if the client leaves while it waits on the upstream."""
+
+    __slots__ = ("task", "waiting", "gone", "watcher")
+
+    def __init__(self, receive: Receive | None) -> None:
+        self.task = asyncio.current_task()
+        self.waiting = False
+        self.gone = False
+        self.watcher = (
+            asyncio.get_running_loop().create_task(self._watch(receive)) if receive else None
+        )
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        # Only while our own code awaits the upstream: cancelling the task anywhere else
+        # (inside falcon's send, say) would surface as an error in the server's log.
+        if self.waiting and self.task is not None:
+            self.task.cancel()
+
+    def absorb(self) -> bool:
+        """After a CancelledError: True when it was ours, and the task may carry on."""
+        if not self.gone or self.task is None:
+            return False
+        self.task.uncancel()
+        return True
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+
+
+class Proxy:
+    def __init__(
+        self, kind: str, client: httpx.AsyncClient, health: Health, settings: Settings, access: Access
+    ) -> None:
+        self.kind = kind
+        self.path = UPSTREAM_PATHS[kind]
+        self.client = client
+        self.health = health
+        self.access = access
+        self.limit = settings.max_body_bytes
+        self.chunk_timeout = settings.chunk_timeout
+        # httpx's read timeout covers the wait for the headers and for the first chunk:
+        # the first-byte allowance. Later chunks get the (shorter) between-chunk timeout.
+        self.timeouts = {
+            "connect": settings.connect_timeout,
+            "read": settings.first_byte_timeout,
+            "write": settings.chunk_timeout,
+            "pool": settings.connect_timeout,
+        }
+        self.retry_after = str(max(1, math.ceil(settings.health_interval)))
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        ctx = req.context
+        body = await _read_body(req, self.limit)
+        request = _parse(body)
+        requested = request["model"]
+        model = _find(ctx.table, requested)
+        ctx.model = model.name
+        if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
+            raise _wrong_endpoint(model, self.path)
+        _check_max_tokens(model, request)
+        watch = Disconnect(req.scope.get("llmgw.receive"))
+        try:
+            upstream, replica = await self._open(model, requested, request, body, ctx, watch)
+        except BaseException:
+            watch.stop()
+            raise
+        ctx.replica = replica.endpoint
+        ctx.streaming = True
+        resp.status = upstream.status_code
+        headers = upstream.headers
+        resp.content_type = headers.get("content-type", falcon.MEDIA_JSON)
+        length = headers.get("content-length")
+        if length is not None and length.isdigit():
+            resp.content_length = int(length)
+        resp.stream = Relay(self, req, upstream, replica, watch)
+
+    async def _open(
+        self,
+        model: Model,
+        requested: str,
+        request: dict[str, Any],
+        body: bytes,
+        ctx: Any,
+        watch: Disconnect,
+    ) -> tuple[httpx.Response, Replica]:
+        headers = [("content-type", "application/json"), ("x-request-id", ctx.request_id)]
+        rewritten: dict[str, bytes] = {}
+        tried = 0
+        last = ""
+        for profile, replica in model.candidates():
+            tried += 1
+            served = profile.served_name
+            if served == requested:
+                content = body
+            else:
+                content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
+                rewritten[served] = content
+            outgoing = httpx.Request("POST", replica.urls[self.kind], headers=headers,
+                                     content=content, extensions={"timeout": dict(self.timeouts)})
+            replica.inflight += 1
+            watch.waiting = True
+            try:
+                upstream = await self.client.send(outgoing, stream=True)
+            except _NOT_TAKEN as exc:
+                replica.inflight -= 1
+                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
+                self.health.failed(replica, f"request failed: {type(exc).__name__}")
+                last = f"{replica.endpoint} could not be reached ({type(exc).__name__})"
+                continue
+            except httpx.TimeoutException:
+                replica.inflight -= 1
+                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
+                raise ApiError(
+                    504,
+                    f"{model.name} did not start answering within {self.timeouts['read']:g}s "
+                    f"(replica {replica.endpoint}). Retry, or raise LLMGW_FIRST_BYTE_TIMEOUT "
+                    "if long prompts are normal here.",
+                    type="timeout_error", code="upstream_timeout",
+                ) from None
+            except httpx.HTTPError as exc:
+                replica.inflight -= 1
+                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
+                last = f"{replica.endpoint} failed ({type(exc).__name__})"
+                continue
+            except asyncio.CancelledError:
+                replica.inflight -= 1
+                if watch.absorb():
+                    raise ApiError(CLIENT_GONE, "client went away") from None
+                raise
+            finally:
+                watch.waiting = False
+            if upstream.status_code >= 500:
+                await upstream.aclose()
+                replica.inflight -= 1
+                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
+                self.health.failed(replica, f"answered {upstream.status_code}")
+                last = f"{replica.endpoint} answered {upstream.status_code}"
+                continue
+            replica.failures = 0
+            return upstream, replica
+        if not tried:
+            raise ApiError(
+                503,
+                f"No replica of {model.name} is in rotation right now"
+                + ("" if model.has_replicas() else " (the plan places none)")
+                + f". Retry in {self.retry_after}s; /dashboard shows replica health.",
+                type="service_unavailable", code="no_healthy_replica",
+                headers={"Retry-After": self.retry_after},
+            )
+        raise ApiError(
+            502,
+            f"Every replica of {model.name} failed ({tried} tried; last: {last}). "
+            "Retry shortly; if it persists, the engines need attention.",
+            type="upstream_error", code="upstream_unreachable",
+        )
+
+
+class Relay:
+    """The upstream's answer, chunk by chunk, as falcon's response stream.
+
+    A class rather than a generator so falcon's `close()` call in its `finally` releases the
+    upstream connection and the replica at once, whatever happened to the client.
+    """
+
+    def __init__(
+        self, proxy: Proxy, req: falcon.asgi.Request, upstream: httpx.Response,
+        replica: Replica, watch: Disconnect,
+    ) -> None:
+        self.proxy = proxy
+        self.req = req
+        self.upstream = upstream
+        self.replica = replica
+        self.watch = watch
+        self.chunks = upstream.aiter_raw()
+        self.first = True
+        self.status = upstream.status_code
+        self.tail: bytes | None = None
+        self.closed = False
+
+    def __aiter__(self) -> Relay:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.closed:
+            raise StopAsyncIteration
+        if self.tail is not None:
+            tail, self.tail = self.tail, None
+            return tail
+        self.watch.waiting = True
+        try:
+            if self.first:
+                chunk = await self.chunks.__anext__()
+            else:
+                async with asyncio.timeout(self.proxy.chunk_timeout):
+                    chunk = await self.chunks.__anext__()
+        except StopAsyncIteration:
+            await self.close()
+            raise
+        except asyncio.CancelledError:
+            if not self.watch.absorb():
+                raise
+            self.status = CLIENT_GONE
+            await self.close()
+            raise StopAsyncIteration from None
+        except (httpx.HTTPError, TimeoutError) as exc:
+            return await self._broken(exc)
+        finally:
+            self.watch.waiting = False
+        if self.first:
+            self.first = False
+            self.req.context.ttfb = time.perf_counter() - self.req.context.start
+        return chunk
+
+    async def _broken(self, exc: BaseException) -> bytes:
+        # The client has part of an answer; all we can do is say so where it will be read.
+        endpoint = self.replica.endpoint
+        kind = "timeout" if isinstance(exc, (TimeoutError, httpx.TimeoutException)) else "broken"
+        metrics.UPSTREAM_ERRORS.labels(endpoint, kind).inc()
+        log.warning("answer from %s cut off (%s) for request %s",
+                    endpoint, type(exc).__name__, self.req.context.request_id)
+        self.status = 502 if kind == "broken" else 504
+        event_stream = self.upstream.headers.get("content-type", "").startswith("text/event-stream")
+        await self.close()
+        if not event_stream:
+            raise StopAsyncIteration
+        message = (f"The answer was cut off: replica {endpoint} "
+                   + ("stopped sending." if kind == "timeout" else "broke the connection."))
+        return b"data: " + error_body(message, "upstream_error") + b"\n\n"
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.watch.stop()
+        self.replica.inflight -= 1
+        try:
+            # Closing an unfinished answer drops the connection: that is what tells the
+            # engine to stop generating.
+            await self.upstream.aclose()
+        finally:
+            self.proxy.access.finish(self.req, self.status)
+
+
+async def _read_body(req: falcon.asgi.Request, limit: int) -> bytes:
+    length = req.content_length
+    if length is not None and length > limit:
+        raise _too_large(limit)
+    if length is not None:
+        body = await req.stream.read()
+    else:  # chunked upload: count as it comes
+        parts, total = [], 0
+        async for part in req.stream:
+            total += len(part)
+            if total > limit:
+                raise _too_large(limit)
+            parts.append(part)
+        body = b"".join(parts)
+    if not body:
+        raise ApiError(400, "The request has no body; send a JSON object with at least `model`.")
+    return body
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"The request body is over the gateway's limit of {limit} bytes; "
+                    "send less input per request (or raise LLMGW_MAX_BODY_BYTES).",
+                    code="request_too_large")
+
+
+def _parse(body: bytes) -> dict[str, Any]:
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
+    if not isinstance(request, dict):
+        raise ApiError(400, "The request body must be a JSON object, e.g. {\"model\": ...}.")
+    model = request.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "The request has no `model`; name one from GET /v1/models.",
+                       param="model")
+    return request
+
+
+def _find(table: RouteTable, name: str) -> Model:
+    model = table.find(name)
+    if model is not None:
+        return model
+    closest = table.closest(name)
+    hint = f"did you mean '{closest}'? " if closest else ""
+    raise ApiError(404, f"There is no model '{name}' here; {hint}GET /v1/models lists them.",
+                   param="model", code="model_not_found")
+
+
+def _wrong_endpoint(model: Model, path: str) -> ApiError:
+    right = " or ".join(UPSTREAM_PATHS[k] for k in sorted(ENDPOINTS_FOR_TASK[model.task]))
+    return ApiError(400, f"'{model.name}' is a {model.task} model; send it to POST {right}, "
+                    f"not {path}.", param="model", code="wrong_endpoint")
+
+
+def _check_max_tokens(model: Model, request: dict[str, Any]) -> None:
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = request.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ApiError(400, f"`{field}` must be a positive whole number.", param=field)
+        if model.max_output is not None and value > model.max_output:
+            raise ApiError(
+                400,
+                f"`{field}` is {value}, but {model.name} writes at most {model.max_output} tokens "
+                f"per answer (its max_output); ask for {model.max_output} or fewer.",
+                param=field, code="max_tokens_exceeded",
+            )

@@ -1,0 +1,105 @@
+"""The gateway's small endpoints: model listing, liveness, readiness, metrics, deploys."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+
+import falcon
+import falcon.asgi
+
+from llmgw.errors import PlanError
+from llmgw.gateway import metrics
+from llmgw.gateway.errors import ApiError
+from llmgw.gateway.reload import PlanState
+
+
+class Models:
+    """GET /v1/models and GET /v1/models/{id} (a name or an alias)."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = req.context.table.listing_body
+
+    async def on_get_item(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str
+    ) -> None:
+        table = req.context.table
+        body = table.model_bodies.get(model_id)
+        if body is None:
+            closest = table.closest(model_id)
+            hint = f"did you mean '{closest}'? " if closest else ""
+            raise ApiError(404, f"There is no model '{model_id}' here; {hint}"
+                           "GET /v1/models lists them.", param="model", code="model_not_found")
+        req.context.model = table.find(model_id).name
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = body
+
+
+class Healthz:
+    """GET /healthz: the process answers. Says nothing about the plan (see /readyz)."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = b'{"status":"alive"}'
+
+
+class Readyz:
+    """GET /readyz: which plan this worker serves, since when, and any refused reload."""
+
+    def __init__(self, state: PlanState) -> None:
+        self.state = state
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        state = self.state
+        doc = {
+            "status": "ready",
+            "digest": state.table.digest,
+            "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.loaded_at)),
+            "models": len(state.table.models),
+            "last_reload": (
+                {"result": "refused", "reason": state.refusal} if state.refusal
+                else {"result": "loaded"}
+            ),
+        }
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = json.dumps(doc).encode()
+
+
+class Metrics:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.data, resp.content_type = metrics.exposition()
+
+
+class AdminPlan:
+    """POST /admin/plan: `llmgw deploy` sends a plan; it is checked, written, and served."""
+
+    def __init__(self, state: PlanState, token: str | None, limit: int) -> None:
+        self.state = state
+        self.token = token
+        self.limit = limit
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        self._authorize(req.get_header("Authorization"))
+        if req.content_length is not None and req.content_length > self.limit:
+            raise ApiError(413, f"The plan is over the gateway's limit of {self.limit} bytes; "
+                           "raise LLMGW_MAX_BODY_BYTES.", code="request_too_large")
+        text = await req.stream.read()
+        try:
+            digest = self.state.accept(text)
+        except PlanError as exc:
+            raise ApiError(422, f"Plan refused, the gateway still serves "
+                           f"{self.state.table.digest}: {exc}", code="plan_refused") from None
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = json.dumps({"digest": digest}).encode()
+
+    def _authorize(self, authorization: str | None) -> None:
+        if not self.token:
+            raise ApiError(403, "Admin endpoints are closed: start the gateway with "
+                           "LLMGW_ADMIN_TOKEN set to open them.",
+                           type="permission_error", code="admin_closed")
+        given = authorization[7:].strip() if authorization and authorization.startswith("Bearer ") else ""
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            raise ApiError(401, "Admin endpoints need `Authorization: Bearer <LLMGW_ADMIN_TOKEN>`.",
+                           type="authentication_error", code="invalid_admin_token")

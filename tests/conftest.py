@@ -1,0 +1,80 @@
+"""Shared fixtures: run the real `llmgw` command, and write small catalogues to disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+SMALL_FLEET = """\
+nodes:
+  - name: cpu-1
+    address: 127.0.0.11
+    memory_gb: 64
+    labels: {pool: cpu}
+    engines: [llamacpp]
+  - name: cpu-2
+    address: 127.0.0.12
+    memory_gb: 64
+    labels: {pool: cpu}
+    engines: [llamacpp]
+  - name: gpu-1
+    address: 127.0.0.21
+    memory_gb: 256
+    gpus: {count: 2, memory_gb: 80}
+    labels: {pool: gpu}
+    engines: [vllm, llamacpp]
+"""
+
+
+@dataclass
+class Run:
+    args: list[str]
+    code: int
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:
+        # Shown when an assertion fails: what the user would have seen.
+        return (f"$ llmgw {' '.join(self.args)}\n[exit {self.code}]\n--- stdout\n{self.stdout}"
+                f"--- stderr\n{self.stderr}")
+
+
+def llmgw_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("NO_COLOR", None)
+    env.update(extra)
+    return env
+
+
+def run_llmgw(*args: str | Path, cwd: Path | None = None, **env: str) -> Run:
+    argv = [str(a) for a in args]
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmgw", *argv],
+        cwd=cwd or REPO, env=llmgw_env(**env), capture_output=True, text=True, timeout=120,
+    )
+    return Run(argv, proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def llmgw():
+    return run_llmgw
+
+
+def write_catalog(root: Path, models: dict[str, str], fleet: str = SMALL_FLEET) -> tuple[Path, Path]:
+    """Write `models` (file name → YAML) under root/catalog and the fleet beside it."""
+    catalog = root / "catalog"
+    catalog.mkdir(parents=True, exist_ok=True)
+    for name, text in models.items():
+        (catalog / name).write_text(textwrap.dedent(text))
+    fleet_path = root / "fleet.yaml"
+    fleet_path.write_text(textwrap.dedent(fleet))
+    return catalog, fleet_path

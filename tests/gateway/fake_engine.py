@@ -1,0 +1,247 @@
+"""A small, fast stand-in for llama.cpp or vLLM that speaks enough of the OpenAI API.
+
+Run as a subprocess: `python -m tests.gateway.fake_engine --host 127.0.0.2 --port 0 --name a`
+prints `LISTENING host:port` once it accepts connections. The gateway tests and
+bench/gateway.py both use it, so it is written on raw asyncio + httptools: a
+framework here would make the "direct" figures of the bench measure the framework.
+
+Each answer carries `system_fingerprint: <name>` and echoes the model it was sent, so a
+test can tell which replica served it and under which name. A request can ask for
+misbehaviour through body fields the gateway passes through untouched:
+
+    fake_status       answer with this HTTP status and an OpenAI-shaped error
+    fake_delay_first  seconds to wait before the response headers
+    fake_chunks       number of streamed chunks (default 3)
+    fake_chunk_delay  seconds between streamed chunks
+
+GET /fake/stats reports requests seen, streams whose client went away, and models seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+import httptools
+
+_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 500: b"Internal Server Error",
+            503: b"Service Unavailable"}
+
+
+class Engine:
+    """State shared by every connection of one fake engine."""
+
+    def __init__(self, name: str, health_status: int, fail_status: int | None) -> None:
+        self.name = name
+        self.health_status = health_status
+        self.fail_status = fail_status
+        self.requests = 0
+        self.disconnects = 0
+        self.models_seen: list[str] = []
+
+    def stats(self) -> dict[str, Any]:
+        return {"name": self.name, "requests": self.requests, "disconnects": self.disconnects,
+                "models_seen": self.models_seen[-50:]}
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.body: list[bytes] = []
+        self.closed = False
+        self.queue: list[tuple[str, bytes, bytes]] = []
+        self.busy = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            assert self.transport is not None
+            self.transport.close()
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.body = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        method = self.parser.get_method().decode()
+        self.queue.append((method, self.url, b"".join(self.body)))
+        if not self.busy:
+            self._drain()
+
+    def _drain(self) -> None:
+        # Fast path: plain answers are written synchronously, so the fake costs next to
+        # nothing per request; only slow or streamed answers become tasks.
+        while self.queue and not self.busy:
+            method, url, body = self.queue.pop(0)
+            slow = self._answer_now(method, url, body)
+            if slow is not None:
+                self.busy = True
+                asyncio.get_running_loop().create_task(self._answer_later(slow))
+
+    def _write(self, status: int, payload: bytes, content_type: bytes = b"application/json") -> None:
+        assert self.transport is not None
+        if self.closed:
+            return
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
+            status, _REASONS.get(status, b"Status"), content_type, len(payload))
+        self.transport.write(head + payload)
+
+    def _answer_now(self, method: str, url: bytes, body: bytes) -> dict[str, Any] | None:
+        path = url.split(b"?", 1)[0]
+        engine = self.engine
+        if method == "GET" and path == b"/health":
+            self._write(engine.health_status, b'{"status":"ok"}' if engine.health_status == 200
+                        else b'{"error":{"message":"Loading model","code":503}}')
+            return None
+        if method == "GET" and path == b"/fake/stats":
+            self._write(200, json.dumps(engine.stats()).encode())
+            return None
+        if method != "POST" or path not in _KINDS:
+            self._write(404, b'{"error":{"message":"no such route","type":"not_found"}}')
+            return None
+        engine.requests += 1
+        try:
+            request = json.loads(body)
+        except ValueError:
+            self._write(400, b'{"error":{"message":"body is not JSON","type":"invalid_request_error"}}')
+            return None
+        model = str(request.get("model"))
+        engine.models_seen.append(model)
+        status = request.get("fake_status") or engine.fail_status
+        if status:
+            self._write(int(status), json.dumps({"error": {
+                "message": f"fake engine {engine.name} told to fail", "type": "server_error",
+                "param": None, "code": None}}).encode())
+            return None
+        kind = _KINDS[path]
+        if request.get("stream") or request.get("fake_delay_first"):
+            return {"kind": kind, "model": model, "request": request}
+        self._write(200, _complete(kind, model, engine.name, request))
+        return None
+
+    async def _answer_later(self, job: dict[str, Any]) -> None:
+        try:
+            request = job["request"]
+            delay = float(request.get("fake_delay_first") or 0)
+            if delay:
+                await asyncio.sleep(delay)
+            if not request.get("stream"):
+                self._write(200, _complete(job["kind"], job["model"], self.engine.name, request))
+                return
+            await self._stream(job["kind"], job["model"], request)
+        finally:
+            self.busy = False
+            if not self.closed:
+                self._drain()
+
+    async def _stream(self, kind: str, model: str, request: dict[str, Any]) -> None:
+        assert self.transport is not None
+        if self.closed:
+            return
+        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+        chunks = int(request.get("fake_chunks") or 3)
+        pause = float(request.get("fake_chunk_delay") or 0)
+        for i in range(chunks):
+            if i and pause:
+                await asyncio.sleep(pause)
+            if self.closed:
+                self.engine.disconnects += 1
+                return
+            event = b"data: " + json.dumps(_chunk(kind, model, self.engine.name, i)).encode() + b"\n\n"
+            self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+        done = b"data: [DONE]\n\n"
+        self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+_KINDS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion",
+          b"/v1/embeddings": "embedding"}
+
+
+def _complete(kind: str, model: str, name: str, request: dict[str, Any]) -> bytes:
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    if kind == "embedding":
+        inputs = request.get("input")
+        count = len(inputs) if isinstance(inputs, list) else 1
+        return json.dumps({"object": "list", "model": model, "system_fingerprint": name,
+                           "data": [{"object": "embedding", "index": i, "embedding": [0.25, 0.5, 0.75]}
+                                    for i in range(count)],
+                           "usage": {"prompt_tokens": 3, "total_tokens": 3}}).encode()
+    text = f"hello from {name}"
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": text}}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "finish_reason": "stop", "text": text, "logprobs": None}
+        obj = "text_completion"
+    return json.dumps({"id": "cmpl-fake", "object": obj, "created": 1700000000, "model": model,
+                       "system_fingerprint": name, "choices": [choice], "usage": usage}).encode()
+
+
+def _chunk(kind: str, model: str, name: str, i: int) -> dict[str, Any]:
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": f"tok{i} ", "finish_reason": None}
+        obj = "text_completion"
+    return {"id": "cmpl-fake", "object": obj, "created": 1700000000, "model": model,
+            "system_fingerprint": name, "choices": [choice]}
+
+
+async def serve(host: str, port: int, engine: Engine) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: _Connection(engine), host, port, backlog=1024)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    engine = Engine(args.name, args.health, args.fail_status)
+    server = await serve(args.host, args.port, engine)
+    host, port = server.sockets[0].getsockname()[:2]
+    print(f"LISTENING {host}:{port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--name", default="fake")
+    parser.add_argument("--health", type=int, default=200, help="status GET /health answers")
+    parser.add_argument("--fail-status", type=int, default=None, help="answer every API call so")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.run(_main(args))
+    except ImportError:
+        asyncio.run(_main(args))
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""A mistake in a model file is named at file:line:column with what to write instead."""
+
+from __future__ import annotations
+
+import time
+
+from tests.unit.helpers import by_rule, model_yaml, run
+
+
+def test_yaml_syntax_error_points_at_the_line_and_says_what_to_fix(tmp_path):
+    text = "name: a\nsource: hf://o/r/x.gguf\ndescription: Fast: good for chat\n"
+    result = run(tmp_path, {"a.yaml": text})
+    [finding] = by_rule(result, "yaml")
+    assert (finding.line, finding.severity) == (3, "error")
+    assert "quoted" in finding.message
+
+
+def test_duplicate_key_is_an_error_naming_both_lines(tmp_path):
+    text = model_yaml(extra="replicas: 3\n")  # replicas appears twice
+    result = run(tmp_path, {"a.yaml": text})
+    [finding] = by_rule(result, "yaml")
+    assert finding.line == 6
+    assert "appears twice (first at line 5)" in finding.message
+
+
+def test_alias_bomb_is_refused_quickly_instead_of_expanded(tmp_path):
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 10):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    started = time.perf_counter()
+    result = run(tmp_path, {"bomb.yaml": "\n".join(lines) + "\n"})
+    elapsed = time.perf_counter() - started
+    [finding] = by_rule(result, "yaml")
+    assert "aliases" in finding.message
+    assert elapsed < 1.0, f"an alias bomb took {elapsed:.2f} s to refuse"
+    assert not by_rule(result, "schema")
+
+
+def test_unknown_field_suggests_the_close_known_one(tmp_path):
+    text = model_yaml(extra="replica: 2\n")
+    result = run(tmp_path, {"a.yaml": text})
+    [finding] = by_rule(result, "unknown-field")
+    assert finding.line == 6 and finding.column == 1
+    assert "Did you mean 'replicas'?" in finding.message
+
+
+def test_unknown_field_in_a_profile_is_found_at_its_key(tmp_path):
+    text = model_yaml(profile_extra="    prioirty: 5\n")
+    result = run(tmp_path, {"a.yaml": text})
+    [finding] = by_rule(result, "unknown-field")
+    assert finding.line == 10 and finding.column == 5
+    assert "'priority'" in finding.message
+
+
+def test_blank_description_is_refused_with_write_one_or_remove_it(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml(extra='description: "   "\n')})
+    [finding] = by_rule(result, "schema")
+    assert finding.line == 6
+    assert "write one" in finding.message.lower() and "remove the key" in finding.message
+
+
+def test_wrong_type_says_what_was_expected_and_what_was_found(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml(extra='max_output: "lots"\n')})
+    [finding] = by_rule(result, "schema")
+    assert finding.line == 6
+    assert "must be an integer" in finding.message and "'lots'" in finding.message
+
+
+def test_unknown_engine_suggests_the_right_spelling(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml(engine="llama.cpp")})
+    [finding] = by_rule(result, "schema")
+    assert "did you mean 'llamacpp'" in finding.message
+
+
+def test_every_finding_is_reported_in_one_run(tmp_path):
+    result = run(tmp_path, {
+        "a.yaml": "name: [unclosed\n",
+        "b.yaml": model_yaml("b", extra="replica: 2\n"),
+        "c.yaml": model_yaml("c", source="hf://o/r/model-00001-of-00004.gguf"),
+    })
+    assert {f.rule for f in result.findings} >= {"yaml", "unknown-field", "sharded-source"}
+    assert {f.file.rsplit("/", 1)[-1] for f in result.findings} == {"a.yaml", "b.yaml", "c.yaml"}
