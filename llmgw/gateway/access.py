@@ -69,7 +69,9 @@ class Access:
         ctx = req.context
         ctx.start = time.perf_counter()
         given = req.get_header("X-Request-Id")
-        ctx.request_id = given if given and _plausible_id(given) else f"{self._prefix}{next(self._ids)}"
+        ctx.request_id = (
+            given if given and _plausible_id(given) else f"{self._prefix}{next(self._ids)}"
+        )
         ctx.table = self.state.table
         ctx.model = None
         ctx.replica = None
@@ -82,13 +84,20 @@ class Access:
     def _check_key(self, authorization: str | None) -> None:
         assert self.api_keys is not None
         if not authorization or not authorization.startswith("Bearer "):
-            raise ApiError(401, "This gateway needs an API key: send `Authorization: Bearer KEY`.",
-                           type="authentication_error", code="missing_api_key")
+            raise ApiError(
+                401,
+                "This gateway needs an API key: send `Authorization: Bearer KEY`.",
+                type="authentication_error",
+                code="missing_api_key",
+            )
         digest = hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
         if digest not in self.api_keys:
-            raise ApiError(401, "That API key is not one this gateway accepts; "
-                           "ask its operator for a key.",
-                           type="authentication_error", code="invalid_api_key")
+            raise ApiError(
+                401,
+                "That API key is not one this gateway accepts; ask its operator for a key.",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
 
     async def process_response(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: Any, ok: bool
@@ -113,14 +122,18 @@ class Access:
                 metrics.FIRST_BYTE.labels(model).observe(ctx.ttfb)
         if not self.log_lines:
             return
-        access_log.info(json.dumps({
-            "time": round(time.time(), 3),
-            "request_id": ctx.request_id,
-            "method": req.method,
-            "path": req.path,
-            "model": ctx.model,
-            "replica": ctx.replica,
-            "status": status,
-            "duration_ms": round(duration * 1000, 3),
-            "ttfb_ms": None if ctx.ttfb is None else round(ctx.ttfb * 1000, 3),
-        }))
+        access_log.info(
+            json.dumps(
+                {
+                    "time": round(time.time(), 3),
+                    "request_id": ctx.request_id,
+                    "method": req.method,
+                    "path": req.path,
+                    "model": ctx.model,
+                    "replica": ctx.replica,
+                    "status": status,
+                    "duration_ms": round(duration * 1000, 3),
+                    "ttfb_ms": None if ctx.ttfb is None else round(ctx.ttfb * 1000, 3),
+                }
+            )
+        )

@@ -70,7 +70,9 @@ def _number(env: Mapping[str, str], name: str, kind: type[float] | type[int]) ->
     try:
         value = kind(env[name])
     except ValueError:
-        raise UsageError(f"{name}={env[name]!r} is not a number; set it to e.g. 2 or 0.5.") from None
+        raise UsageError(
+            f"{name}={env[name]!r} is not a number; set it to e.g. 2 or 0.5."
+        ) from None
     if value <= 0:
         raise UsageError(f"{name}={env[name]!r} must be greater than zero.")
     return value

@@ -1,10 +1,10 @@
 """Every error the gateway answers, in OpenAI's shape, so clients' error handling just works.
 
-    ApiError                 raised by resources; status, message, type, param, code
-    falcon.HTTPError         falcon's own (unknown path, wrong method): reshaped by
-                             `serialize_http_error`
-    anything else            `handle_unexpected`: logged with its traceback, answered
-                             as a 500 that names the request id, never with the traceback
+ApiError                 raised by resources; status, message, type, param, code
+falcon.HTTPError         falcon's own (unknown path, wrong method): reshaped by
+                         `serialize_http_error`
+anything else            `handle_unexpected`: logged with its traceback, answered
+                         as a 500 that names the request id, never with the traceback
 """
 
 from __future__ import annotations

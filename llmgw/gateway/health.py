@@ -31,8 +31,12 @@ class Health:
         if replica.healthy and replica.failures >= self.failures:
             replica.healthy = False
             metrics.REPLICA_HEALTHY.labels(replica.endpoint).set(0)
-            log.warning("replica %s out of rotation after %d failures: %s",
-                        replica.endpoint, replica.failures, why)
+            log.warning(
+                "replica %s out of rotation after %d failures: %s",
+                replica.endpoint,
+                replica.failures,
+                why,
+            )
 
     def answered(self, replica: Replica) -> None:
         replica.failures = 0

@@ -20,7 +20,25 @@ from prometheus_client import (
 from prometheus_client import REGISTRY as _DEFAULT
 
 # LLM answers range from a cached embedding (milliseconds) to a long generation (minutes).
-_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+)
 
 REQUESTS = Counter("llmgw_requests", "Requests answered, by model and status.", ["model", "status"])
 LATENCY = Histogram(
@@ -44,7 +62,10 @@ REPLICA_HEALTHY = Gauge(
     multiprocess_mode="liveall",
 )
 PLAN_INFO = Gauge(
-    "llmgw_plan_info", "1 for the plan digest a worker serves.", ["digest"], multiprocess_mode="liveall"
+    "llmgw_plan_info",
+    "1 for the plan digest a worker serves.",
+    ["digest"],
+    multiprocess_mode="liveall",
 )
 RELOADS = Counter("llmgw_plan_reloads", "Plan reloads, by result (loaded or refused).", ["result"])
 

@@ -37,8 +37,14 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 CLIENT_GONE = 499  # nginx's "client closed request": logged, never seen by a client
 
 # Failures that mean "this replica did not take the request": safe to send it elsewhere.
-_NOT_TAKEN = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError,
-              httpx.ReadError, httpx.WriteError)
+_NOT_TAKEN = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
 
 
 class Disconnect:
@@ -77,7 +83,12 @@ class Disconnect:
 
 class Proxy:
     def __init__(
-        self, kind: str, client: httpx.AsyncClient, health: Health, settings: Settings, access: Access
+        self,
+        kind: str,
+        client: httpx.AsyncClient,
+        health: Health,
+        settings: Settings,
+        access: Access,
     ) -> None:
         self.kind = kind
         self.path = UPSTREAM_PATHS[kind]
@@ -143,8 +154,13 @@ class Proxy:
             else:
                 content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
                 rewritten[served] = content
-            outgoing = httpx.Request("POST", replica.urls[self.kind], headers=headers,
-                                     content=content, extensions={"timeout": dict(self.timeouts)})
+            outgoing = httpx.Request(
+                "POST",
+                replica.urls[self.kind],
+                headers=headers,
+                content=content,
+                extensions={"timeout": dict(self.timeouts)},
+            )
             replica.inflight += 1
             watch.waiting = True
             try:
@@ -163,7 +179,8 @@ class Proxy:
                     f"{model.name} did not start answering within {self.timeouts['read']:g}s "
                     f"(replica {replica.endpoint}). Retry, or raise LLMGW_FIRST_BYTE_TIMEOUT "
                     "if long prompts are normal here.",
-                    type="timeout_error", code="upstream_timeout",
+                    type="timeout_error",
+                    code="upstream_timeout",
                 ) from None
             except httpx.HTTPError as exc:
                 replica.inflight -= 1
@@ -192,14 +209,16 @@ class Proxy:
                 f"No replica of {model.name} is in rotation right now"
                 + ("" if model.has_replicas() else " (the plan places none)")
                 + f". Retry in {self.retry_after}s; /dashboard shows replica health.",
-                type="service_unavailable", code="no_healthy_replica",
+                type="service_unavailable",
+                code="no_healthy_replica",
                 headers={"Retry-After": self.retry_after},
             )
         raise ApiError(
             502,
             f"Every replica of {model.name} failed ({tried} tried; last: {last}). "
             "Retry shortly; if it persists, the engines need attention.",
-            type="upstream_error", code="upstream_unreachable",
+            type="upstream_error",
+            code="upstream_unreachable",
         )
 
 
@@ -211,8 +230,12 @@ class Relay:
     """
 
     def __init__(
-        self, proxy: Proxy, req: falcon.asgi.Request, upstream: httpx.Response,
-        replica: Replica, watch: Disconnect,
+        self,
+        proxy: Proxy,
+        req: falcon.asgi.Request,
+        upstream: httpx.Response,
+        replica: Replica,
+        watch: Disconnect,
     ) -> None:
         self.proxy = proxy
         self.req = req
@@ -264,15 +287,20 @@ class Relay:
         endpoint = self.replica.endpoint
         kind = "timeout" if isinstance(exc, (TimeoutError, httpx.TimeoutException)) else "broken"
         metrics.UPSTREAM_ERRORS.labels(endpoint, kind).inc()
-        log.warning("answer from %s cut off (%s) for request %s",
-                    endpoint, type(exc).__name__, self.req.context.request_id)
+        log.warning(
+            "answer from %s cut off (%s) for request %s",
+            endpoint,
+            type(exc).__name__,
+            self.req.context.request_id,
+        )
         self.status = 502 if kind == "broken" else 504
         event_stream = self.upstream.headers.get("content-type", "").startswith("text/event-stream")
         await self.close()
         if not event_stream:
             raise StopAsyncIteration
-        message = (f"The answer was cut off: replica {endpoint} "
-                   + ("stopped sending." if kind == "timeout" else "broke the connection."))
+        message = f"The answer was cut off: replica {endpoint} " + (
+            "stopped sending." if kind == "timeout" else "broke the connection."
+        )
         return b"data: " + error_body(message, "upstream_error") + b"\n\n"
 
     async def close(self) -> None:
@@ -309,9 +337,12 @@ async def _read_body(req: falcon.asgi.Request, limit: int) -> bytes:
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"The request body is over the gateway's limit of {limit} bytes; "
-                    "send less input per request (or raise LLMGW_MAX_BODY_BYTES).",
-                    code="request_too_large")
+    return ApiError(
+        413,
+        f"The request body is over the gateway's limit of {limit} bytes; "
+        "send less input per request (or raise LLMGW_MAX_BODY_BYTES).",
+        code="request_too_large",
+    )
 
 
 def _parse(body: bytes) -> dict[str, Any]:
@@ -320,11 +351,12 @@ def _parse(body: bytes) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
     if not isinstance(request, dict):
-        raise ApiError(400, "The request body must be a JSON object, e.g. {\"model\": ...}.")
+        raise ApiError(400, 'The request body must be a JSON object, e.g. {"model": ...}.')
     model = request.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(400, "The request has no `model`; name one from GET /v1/models.",
-                       param="model")
+        raise ApiError(
+            400, "The request has no `model`; name one from GET /v1/models.", param="model"
+        )
     return request
 
 
@@ -334,14 +366,22 @@ def _find(table: RouteTable, name: str) -> Model:
         return model
     closest = table.closest(name)
     hint = f"did you mean '{closest}'? " if closest else ""
-    raise ApiError(404, f"There is no model '{name}' here; {hint}GET /v1/models lists them.",
-                   param="model", code="model_not_found")
+    raise ApiError(
+        404,
+        f"There is no model '{name}' here; {hint}GET /v1/models lists them.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def _wrong_endpoint(model: Model, path: str) -> ApiError:
     right = " or ".join(UPSTREAM_PATHS[k] for k in sorted(ENDPOINTS_FOR_TASK[model.task]))
-    return ApiError(400, f"'{model.name}' is a {model.task} model; send it to POST {right}, "
-                    f"not {path}.", param="model", code="wrong_endpoint")
+    return ApiError(
+        400,
+        f"'{model.name}' is a {model.task} model; send it to POST {right}, not {path}.",
+        param="model",
+        code="wrong_endpoint",
+    )
 
 
 def _check_max_tokens(model: Model, request: dict[str, Any]) -> None:
@@ -356,5 +396,6 @@ def _check_max_tokens(model: Model, request: dict[str, Any]) -> None:
                 400,
                 f"`{field}` is {value}, but {model.name} writes at most {model.max_output} tokens "
                 f"per answer (its max_output); ask for {model.max_output} or fewer.",
-                param=field, code="max_tokens_exceeded",
+                param=field,
+                code="max_tokens_exceeded",
             )

@@ -30,8 +30,12 @@ class Models:
         if body is None:
             closest = table.closest(model_id)
             hint = f"did you mean '{closest}'? " if closest else ""
-            raise ApiError(404, f"There is no model '{model_id}' here; {hint}"
-                           "GET /v1/models lists them.", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"There is no model '{model_id}' here; {hint}GET /v1/models lists them.",
+                param="model",
+                code="model_not_found",
+            )
         req.context.model = table.find(model_id).name
         resp.content_type = falcon.MEDIA_JSON
         resp.data = body
@@ -59,7 +63,8 @@ class Readyz:
             "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.loaded_at)),
             "models": len(state.table.models),
             "last_reload": (
-                {"result": "refused", "reason": state.refusal} if state.refusal
+                {"result": "refused", "reason": state.refusal}
+                if state.refusal
                 else {"result": "loaded"}
             ),
         }
@@ -83,23 +88,42 @@ class AdminPlan:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         self._authorize(req.get_header("Authorization"))
         if req.content_length is not None and req.content_length > self.limit:
-            raise ApiError(413, f"The plan is over the gateway's limit of {self.limit} bytes; "
-                           "raise LLMGW_MAX_BODY_BYTES.", code="request_too_large")
+            raise ApiError(
+                413,
+                f"The plan is over the gateway's limit of {self.limit} bytes; "
+                "raise LLMGW_MAX_BODY_BYTES.",
+                code="request_too_large",
+            )
         text = await req.stream.read()
         try:
             digest = self.state.accept(text)
         except PlanError as exc:
-            raise ApiError(422, f"Plan refused, the gateway still serves "
-                           f"{self.state.table.digest}: {exc}", code="plan_refused") from None
+            raise ApiError(
+                422,
+                f"Plan refused, the gateway still serves {self.state.table.digest}: {exc}",
+                code="plan_refused",
+            ) from None
         resp.content_type = falcon.MEDIA_JSON
         resp.data = json.dumps({"digest": digest}).encode()
 
     def _authorize(self, authorization: str | None) -> None:
         if not self.token:
-            raise ApiError(403, "Admin endpoints are closed: start the gateway with "
-                           "LLMGW_ADMIN_TOKEN set to open them.",
-                           type="permission_error", code="admin_closed")
-        given = authorization[7:].strip() if authorization and authorization.startswith("Bearer ") else ""
+            raise ApiError(
+                403,
+                "Admin endpoints are closed: start the gateway with "
+                "LLMGW_ADMIN_TOKEN set to open them.",
+                type="permission_error",
+                code="admin_closed",
+            )
+        given = (
+            authorization[7:].strip()
+            if authorization and authorization.startswith("Bearer ")
+            else ""
+        )
         if not hmac.compare_digest(given.encode(), self.token.encode()):
-            raise ApiError(401, "Admin endpoints need `Authorization: Bearer <LLMGW_ADMIN_TOKEN>`.",
-                           type="authentication_error", code="invalid_admin_token")
+            raise ApiError(
+                401,
+                "Admin endpoints need `Authorization: Bearer <LLMGW_ADMIN_TOKEN>`.",
+                type="authentication_error",
+                code="invalid_admin_token",
+            )

@@ -27,8 +27,13 @@ from typing import Any
 
 import httptools
 
-_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 500: b"Internal Server Error",
-            503: b"Service Unavailable"}
+_REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    404: b"Not Found",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable",
+}
 
 
 class Engine:
@@ -43,8 +48,12 @@ class Engine:
         self.models_seen: list[str] = []
 
     def stats(self) -> dict[str, Any]:
-        return {"name": self.name, "requests": self.requests, "disconnects": self.disconnects,
-                "models_seen": self.models_seen[-50:]}
+        return {
+            "name": self.name,
+            "requests": self.requests,
+            "disconnects": self.disconnects,
+            "models_seen": self.models_seen[-50:],
+        }
 
 
 class _Connection(asyncio.Protocol):
@@ -99,20 +108,30 @@ class _Connection(asyncio.Protocol):
                 self.busy = True
                 asyncio.get_running_loop().create_task(self._answer_later(slow))
 
-    def _write(self, status: int, payload: bytes, content_type: bytes = b"application/json") -> None:
+    def _write(
+        self, status: int, payload: bytes, content_type: bytes = b"application/json"
+    ) -> None:
         assert self.transport is not None
         if self.closed:
             return
         head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
-            status, _REASONS.get(status, b"Status"), content_type, len(payload))
+            status,
+            _REASONS.get(status, b"Status"),
+            content_type,
+            len(payload),
+        )
         self.transport.write(head + payload)
 
     def _answer_now(self, method: str, url: bytes, body: bytes) -> dict[str, Any] | None:
         path = url.split(b"?", 1)[0]
         engine = self.engine
         if method == "GET" and path == b"/health":
-            self._write(engine.health_status, b'{"status":"ok"}' if engine.health_status == 200
-                        else b'{"error":{"message":"Loading model","code":503}}')
+            self._write(
+                engine.health_status,
+                b'{"status":"ok"}'
+                if engine.health_status == 200
+                else b'{"error":{"message":"Loading model","code":503}}',
+            )
             return None
         if method == "GET" and path == b"/fake/stats":
             self._write(200, json.dumps(engine.stats()).encode())
@@ -124,15 +143,27 @@ class _Connection(asyncio.Protocol):
         try:
             request = json.loads(body)
         except ValueError:
-            self._write(400, b'{"error":{"message":"body is not JSON","type":"invalid_request_error"}}')
+            self._write(
+                400, b'{"error":{"message":"body is not JSON","type":"invalid_request_error"}}'
+            )
             return None
         model = str(request.get("model"))
         engine.models_seen.append(model)
         status = request.get("fake_status") or engine.fail_status
         if status:
-            self._write(int(status), json.dumps({"error": {
-                "message": f"fake engine {engine.name} told to fail", "type": "server_error",
-                "param": None, "code": None}}).encode())
+            self._write(
+                int(status),
+                json.dumps(
+                    {
+                        "error": {
+                            "message": f"fake engine {engine.name} told to fail",
+                            "type": "server_error",
+                            "param": None,
+                            "code": None,
+                        }
+                    }
+                ).encode(),
+            )
             return None
         kind = _KINDS[path]
         if request.get("stream") or request.get("fake_delay_first"):
@@ -159,8 +190,10 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         if self.closed:
             return
-        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                             b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         chunks = int(request.get("fake_chunks") or 3)
         pause = float(request.get("fake_chunk_delay") or 0)
         for i in range(chunks):
@@ -169,14 +202,19 @@ class _Connection(asyncio.Protocol):
             if self.closed:
                 self.engine.disconnects += 1
                 return
-            event = b"data: " + json.dumps(_chunk(kind, model, self.engine.name, i)).encode() + b"\n\n"
+            event = (
+                b"data: " + json.dumps(_chunk(kind, model, self.engine.name, i)).encode() + b"\n\n"
+            )
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
         done = b"data: [DONE]\n\n"
         self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
 
-_KINDS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion",
-          b"/v1/embeddings": "embedding"}
+_KINDS = {
+    b"/v1/chat/completions": "chat",
+    b"/v1/completions": "completion",
+    b"/v1/embeddings": "embedding",
+}
 
 
 def _complete(kind: str, model: str, name: str, request: dict[str, Any]) -> bytes:
@@ -184,31 +222,61 @@ def _complete(kind: str, model: str, name: str, request: dict[str, Any]) -> byte
     if kind == "embedding":
         inputs = request.get("input")
         count = len(inputs) if isinstance(inputs, list) else 1
-        return json.dumps({"object": "list", "model": model, "system_fingerprint": name,
-                           "data": [{"object": "embedding", "index": i, "embedding": [0.25, 0.5, 0.75]}
-                                    for i in range(count)],
-                           "usage": {"prompt_tokens": 3, "total_tokens": 3}}).encode()
+        return json.dumps(
+            {
+                "object": "list",
+                "model": model,
+                "system_fingerprint": name,
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": [0.25, 0.5, 0.75]}
+                    for i in range(count)
+                ],
+                "usage": {"prompt_tokens": 3, "total_tokens": 3},
+            }
+        ).encode()
     text = f"hello from {name}"
     if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": text}}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": text},
+        }
         obj = "chat.completion"
     else:
         choice = {"index": 0, "finish_reason": "stop", "text": text, "logprobs": None}
         obj = "text_completion"
-    return json.dumps({"id": "cmpl-fake", "object": obj, "created": 1700000000, "model": model,
-                       "system_fingerprint": name, "choices": [choice], "usage": usage}).encode()
+    return json.dumps(
+        {
+            "id": "cmpl-fake",
+            "object": obj,
+            "created": 1700000000,
+            "model": model,
+            "system_fingerprint": name,
+            "choices": [choice],
+            "usage": usage,
+        }
+    ).encode()
 
 
 def _chunk(kind: str, model: str, name: str, i: int) -> dict[str, Any]:
     if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {"content": f"tok{i} "},
+            "finish_reason": None,
+        }
         obj = "chat.completion.chunk"
     else:
         choice = {"index": 0, "text": f"tok{i} ", "finish_reason": None}
         obj = "text_completion"
-    return {"id": "cmpl-fake", "object": obj, "created": 1700000000, "model": model,
-            "system_fingerprint": name, "choices": [choice]}
+    return {
+        "id": "cmpl-fake",
+        "object": obj,
+        "created": 1700000000,
+        "model": model,
+        "system_fingerprint": name,
+        "choices": [choice],
+    }
 
 
 async def serve(host: str, port: int, engine: Engine) -> asyncio.Server:

@@ -1,0 +1,141 @@
+"""The app factory: builds every part once per worker and wires the routes.
+
+app = create_app()      # llmgw/gateway/asgi.py, the entry gunicorn loads
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import Any
+
+import falcon
+import falcon.asgi
+import httpx
+
+from llmgw.gateway.access import Access, read_api_keys
+from llmgw.gateway.config import Settings, settings_from_env
+from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
+from llmgw.gateway.health import Health
+from llmgw.gateway.proxy import Proxy
+from llmgw.gateway.reload import PlanState
+from llmgw.gateway.resources import AdminPlan, Healthz, Metrics, Models, Readyz
+
+log = logging.getLogger("llmgw.gateway")
+
+
+class _App(falcon.asgi.App):  # type: ignore[misc]
+    """Falcon's app, also handing the ASGI `receive` to resources through the scope.
+
+    The proxy needs it to notice a client that goes away mid-answer: falcon itself only
+    notices that for its own SSE emitter, and then only after the next event arrives.
+    """
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scope["llmgw.receive"] = receive
+        await super().__call__(scope, receive, send)
+
+
+class Lifecycle:
+    """Starts the plan watcher and health checks with the worker; closes the client after."""
+
+    def __init__(
+        self, state: PlanState, health: Health, client: httpx.AsyncClient, settings: Settings
+    ) -> None:
+        self.state = state
+        self.health = health
+        self.client = client
+        self.settings = settings
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def process_startup(self, scope: Any, event: Any) -> None:
+        loop = asyncio.get_running_loop()
+        self.tasks = [
+            loop.create_task(self.state.watch(self.settings.reload_interval)),
+            loop.create_task(self.health.watch(self.state, self.settings.health_interval)),
+        ]
+
+    async def process_shutdown(self, scope: Any, event: Any) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.client.aclose()
+
+
+def create_app(settings: Settings | None = None) -> falcon.asgi.App:
+    settings = settings or settings_from_env()
+    _log_to_stderr()
+    state = PlanState(settings.plan_path)
+    api_keys = read_api_keys(settings.api_keys_file) if settings.api_keys_file else None
+    client = httpx.AsyncClient(
+        # Engines are on the LAN: compressing tokens would cost more CPU than it saves.
+        headers={"accept-encoding": "identity"},
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        timeout=httpx.Timeout(settings.connect_timeout),
+        trust_env=False,
+    )
+    health = Health(
+        client,
+        settings.health_failures,
+        timeout=min(settings.health_interval, max(settings.connect_timeout, 1.0)),
+    )
+    access = Access(state, api_keys, settings.access_log)
+
+    app = _App(middleware=[Lifecycle(state, health, client, settings), access])
+    app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(ApiError, handle_api_error)
+    app.set_error_serializer(serialize_http_error)
+    # Clients stream bodies of any size through /v1; falcon must not buffer forms.
+    app.req_options.auto_parse_form_urlencoded = False
+
+    models = Models()
+    app.add_route("/v1/models", models)
+    app.add_route("/v1/models/{model_id}", models, suffix="item")
+    for kind, path in (
+        ("chat", "/v1/chat/completions"),
+        ("completion", "/v1/completions"),
+        ("embedding", "/v1/embeddings"),
+    ):
+        app.add_route(path, Proxy(kind, client, health, settings, access))
+    app.add_route("/healthz", Healthz())
+    app.add_route("/readyz", Readyz(state))
+    app.add_route("/metrics", Metrics())
+    app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
+    _add_dashboard(app, state)
+    return app
+
+
+def _add_dashboard(app: falcon.asgi.App, state: PlanState) -> None:
+    try:
+        from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
+    except ImportError:  # the dashboard ships separately; the API works without it
+        log.info("llmgw.gateway.dashboard is not installed; / and /dashboard are not served")
+        return
+
+    def snapshot() -> DashboardSnapshot:
+        table = state.table
+        return DashboardSnapshot(
+            plan=table.plan,
+            loaded_at=state.loaded_at,
+            refusal=state.refusal,
+            healthy={endpoint: r.healthy for endpoint, r in table.replicas.items()},
+        )
+
+    add_dashboard_routes(app, snapshot)
+
+
+def _log_to_stderr() -> None:
+    # gunicorn configures only its own loggers; ours would otherwise go nowhere.
+    for name, fmt in (
+        ("llmgw.access", "%(message)s"),
+        ("llmgw.gateway", "%(asctime)s [%(process)d] %(levelname)s %(message)s"),
+    ):
+        logger = logging.getLogger(name)
+        if logger.handlers:
+            continue
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(fmt))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False

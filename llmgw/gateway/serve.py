@@ -1,0 +1,74 @@
+"""`llmgw serve`: gunicorn managing uvicorn workers, each running `create_app()`.
+
+Each worker is one process with one event loop; a streamed answer costs a task, not a
+thread, so a worker holds thousands of slow generations at once. Workers share nothing:
+each loads the plan, checks health and watches the plan file on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from llmgw.errors import UsageError
+from llmgw.plan import read_plan
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def gunicorn_argv(bind: str, workers: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "llmgw.gateway.asgi:app",
+        "--worker-class",
+        "uvicorn_worker.UvicornWorker",
+        "--workers",
+        str(workers),
+        "--bind",
+        bind,
+        "--config",
+        "python:llmgw.gateway.gunicorn_conf",
+        # Long generations are the normal case: a worker restarting for a deploy or a
+        # signal gets as long as a generous answer takes before it is killed.
+        "--graceful-timeout",
+        "120",
+        # Requests hold no worker thread; a silent worker is dead, not busy.
+        "--timeout",
+        "60",
+        "--keep-alive",
+        "75",
+    ]
+
+
+def serve_environment(plan: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["LLMGW_PLAN"] = str(plan.resolve())
+    # Workers are separate processes; metrics are summed from files in this directory.
+    if not env.get("PROMETHEUS_MULTIPROC_DIR"):
+        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="llmgw-metrics-")
+    # Workers must import this same llmgw, installed or not.
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if _PACKAGE_ROOT not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *paths])
+    return env
+
+
+def check_bind(bind: str) -> None:
+    host, sep, port = bind.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UsageError(f"--bind {bind!r} is not HOST:PORT; e.g. --bind 127.0.0.1:8080.")
+
+
+def serve(plan: Path, bind: str, workers: int) -> None:
+    """Replace this process with gunicorn; returns only by raising UsageError or PlanError."""
+    check_bind(bind)
+    if workers < 1:
+        raise UsageError(f"--workers {workers} cannot serve anything; use 1 or more.")
+    read_plan(plan)  # refuse a bad plan here, in one sentence, not in every worker's traceback
+    argv = gunicorn_argv(bind, workers)
+    os.execve(sys.executable, argv, serve_environment(plan))

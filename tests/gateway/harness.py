@@ -1,0 +1,238 @@
+"""Processes for gateway tests and the bench: fake engines and a real gunicorn gateway.
+
+Everything listens on loopback, on ports the OS picks at run time, and every process is
+killed by whoever started it, in a `finally`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from llmgw.gateway.serve import gunicorn_argv, serve_environment  # noqa: E402
+from llmgw.plan import dump_plan, plan_digest  # noqa: E402
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def dead_endpoint(host: str = "127.0.0.1") -> str:
+    """An address where nothing listens: connections are refused at once."""
+    return f"http://{host}:{free_port(host)}"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@dataclass
+class Engine:
+    name: str
+    url: str
+    proc: subprocess.Popen[str]
+
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/fake/stats", timeout=10).json()
+
+
+@contextlib.contextmanager
+def engine(name: str, host: str = "127.0.0.1", *args: str) -> Iterator[Engine]:
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE_ENGINE), "--host", host, "--port", "0", "--name", name, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the fake prints this once it accepts connections
+        if not line.startswith("LISTENING "):
+            raise RuntimeError(f"fake engine {name} did not start: {line!r}")
+        yield Engine(name, "http://" + line.split()[1], proc)
+    finally:
+        stop(proc)
+
+
+def profile(
+    endpoints: list[str], served_name: str, priority: int = 100, weight: int = 1, name: str = "p"
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "engine": "llamacpp",
+        "priority": priority,
+        "weight": weight,
+        "ctx_size": 8192,
+        "args": [],
+        "gpus": 0,
+        "node_selector": {},
+        "served_name": served_name,
+        "external": True,
+        "replicas": [{"endpoint": e} for e in endpoints],
+    }
+
+
+def model(
+    name: str,
+    profiles: list[dict[str, Any]],
+    task: str = "chat",
+    aliases: list[str] | None = None,
+    description: str | None = None,
+    max_output: int | None = None,
+    context_length: int = 8192,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {"name": name}
+    if description is not None:
+        doc["description"] = description
+    doc.update(
+        {
+            "aliases": aliases or [],
+            "task": task,
+            "source": f"hf://example/{name}",
+            "format": "gguf",
+            "context_length": context_length,
+            "replicas": 1,
+            "file": f"catalog/{name}.yaml",
+            "profiles": profiles,
+            "warnings": [],
+        }
+    )
+    if max_output is not None:
+        doc["max_output"] = max_output
+    return doc
+
+
+def plan(models: list[dict[str, Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "format_version": "1",
+        "digest": "",
+        "generated_by": {"tool": "llmgw", "version": "0.1.0"},
+        "inputs": {
+            "catalog": "catalog",
+            "fleet": {"path": "fleet.yaml", "sha256": "0" * 64},
+            "files": [],
+        },
+        "nodes": [],
+        "models": copy.deepcopy(models),
+    }
+    doc["digest"] = plan_digest(doc)
+    return doc
+
+
+def write_plan(path: Path, doc: dict[str, Any]) -> None:
+    """As `llmgw plan` does: written beside, then renamed over."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(dump_plan(doc), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class Gateway:
+    url: str
+    plan_path: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def access_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    lines.append(json.loads(line))
+        return lines
+
+
+def wait_until(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except (httpx.HTTPError, OSError) as exc:
+            last = exc
+        time.sleep(0.05)
+    raise AssertionError(f"waited {timeout}s for {what}; last saw {last!r}")
+
+
+@contextlib.contextmanager
+def gateway(
+    plan_path: Path, workers: int = 2, log_dir: Path | None = None, **env: str
+) -> Iterator[Gateway]:
+    port = free_port()
+    bind = f"127.0.0.1:{port}"
+    full_env = serve_environment(
+        plan_path,
+        subprocess_env(
+            LLMGW_HEALTH_INTERVAL="0.5",
+            LLMGW_HEALTH_FAILURES="2",
+            LLMGW_RELOAD_INTERVAL="0.5",
+            **env,
+        ),
+    )
+    log_path = (log_dir or plan_path.parent) / f"gateway-{port}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            gunicorn_argv(bind, workers),
+            env=full_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    gw = Gateway(f"http://{bind}", plan_path, proc, log_path, full_env)
+    try:
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"gateway exited with {proc.returncode}:\n{gw.log()}")
+            return httpx.get(gw.url + "/healthz", timeout=2).status_code == 200
+
+        wait_until(up, 30, "the gateway to answer /healthz")
+        yield gw
+    finally:
+        stop(proc)
