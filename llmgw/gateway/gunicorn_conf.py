@@ -12,3 +12,8 @@ def child_exit(server: Any, worker: Any) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(worker.pid)
+
+
+# gunicorn 24+ opens a control socket at one fixed path per user; two gateways on one
+# host (or a test beside a running one) would fight over it, and llmgw never uses it.
+control_socket_disable = True
