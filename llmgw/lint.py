@@ -49,8 +49,8 @@ class LintResult:
 
 
 def lint(catalog: Path, fleet_path: Path, previous: dict[str, Any] | None = None) -> LintResult:
-    fleet, fleet_doc = read_fleet(fleet_path)
     files = catalogue_files(catalog)
+    fleet, fleet_doc = read_fleet(fleet_path)
     findings: list[Finding] = []
     documents: list[Document] = []
     entries: list[Entry] = []

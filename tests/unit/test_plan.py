@@ -1,0 +1,165 @@
+"""The resolved plan: deterministic, complete, placed, and stable against the previous one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from llmgw.errors import PlanError
+from llmgw.plan import build_plan, dump_plan, parse_plan, plan_digest
+from llmgw.schema import validator
+from tests.conftest import REPO, write_catalog
+from tests.unit.helpers import model_yaml, run
+
+UNKNOWN_AGENT_FLEET = """\
+nodes:
+  - name: a-reports
+    address: 127.0.0.11
+    memory_gb: 64
+    engines: [llamacpp]
+  - name: b-unknown
+    address: 127.0.0.12
+    memory_gb: 64
+  - name: c-other
+    address: 127.0.0.13
+    memory_gb: 64
+    engines: [vllm]
+"""
+
+
+def plan_for(tmp_path, models, fleet=None, previous=None):
+    kwargs = {"fleet": fleet} if fleet else {}
+    catalog, fleet_path = write_catalog(tmp_path, models, **kwargs)
+    from llmgw.lint import lint
+
+    result = lint(catalog, fleet_path, previous=previous)
+    assert result.counts()[0] == 0, result.findings
+    return build_plan(result, previous=previous)
+
+
+def test_bundled_catalogue_plan_validates_against_the_plan_schema(llmgw, tmp_path):
+    out = tmp_path / "plan.json"
+    run = llmgw("plan", "catalog", "--fleet", "fleet.yaml", "--out", out)
+    assert run.code == 0, run
+    plan = json.loads(out.read_text())
+    assert list(validator("plan").iter_errors(plan)) == []
+    assert plan["digest"] == plan_digest(plan)
+    assert len(plan["models"]) == 9
+
+
+def test_undescribed_model_has_no_description_key_and_none_is_empty(llmgw):
+    run = llmgw("plan", "--out", "-")
+    plan = json.loads(run.stdout)
+    undescribed = [m for m in plan["models"] if "description" not in m]
+    assert [m["name"] for m in undescribed] == ["mistral-7b-instruct"]
+    assert all(m["description"].strip() for m in plan["models"] if "description" in m)
+
+
+def test_plan_is_byte_identical_whatever_the_order_of_files_on_disk(llmgw, tmp_path):
+    names = sorted(p.name for p in (REPO / "catalog").iterdir())
+    outputs = []
+    for label, order in (("forward", names), ("backward", names[::-1])):
+        root = tmp_path / label
+        (root / "catalog").mkdir(parents=True)
+        shutil.copy(REPO / "fleet.yaml", root / "fleet.yaml")
+        for name in order:  # creation order is what a directory listing tends to follow
+            shutil.copy(REPO / "catalog" / name, root / "catalog" / name)
+        run = llmgw("plan", "catalog", "--out", "-", cwd=root)
+        assert run.code == 0, run
+        outputs.append(run.stdout)
+    assert outputs[0] == outputs[1]
+
+
+def test_every_default_is_filled_in(tmp_path):
+    plan = plan_for(tmp_path, {"a.yaml": model_yaml(selector="{}")})
+    [model] = plan["models"]
+    assert model["task"] == "chat" and model["aliases"] == [] and model["replicas"] == 1
+    [profile] = model["profiles"]
+    assert profile["priority"] == 100 and profile["weight"] == 1 and profile["gpus"] == 0
+    assert profile["ctx_size"] == 8192 and profile["args"] == []
+    assert profile["memory"]["source"] == "estimated" and profile["memory"]["gb"] == 7.4
+    assert profile["served_name"] == "llama-3.1-8b"
+
+
+def test_replicas_of_one_model_go_on_different_nodes(tmp_path):
+    plan = plan_for(tmp_path, {"a.yaml": model_yaml(replicas=2)})
+    nodes = [r["node"] for r in plan["models"][0]["profiles"][0]["replicas"]]
+    assert sorted(nodes) == ["cpu-1", "cpu-2"]
+
+
+def test_placement_prefers_nodes_reporting_the_engine_then_unknown_then_others(tmp_path):
+    plan = plan_for(tmp_path, {"a.yaml": model_yaml(replicas=3, selector="{}")},
+                    fleet=UNKNOWN_AGENT_FLEET)
+    nodes = [r["node"] for r in plan["models"][0]["profiles"][0]["replicas"]]
+    assert nodes == ["a-reports", "b-unknown", "c-other"]
+
+
+def test_endpoints_use_the_node_address_and_its_port_range(tmp_path):
+    fleet = UNKNOWN_AGENT_FLEET.replace(
+        "    engines: [llamacpp]\n", "    engines: [llamacpp]\n    ports: {first: 9100, last: 9101}\n")
+    plan = plan_for(tmp_path, {"a.yaml": model_yaml("a", selector="{}"),
+                               "b.yaml": model_yaml("b", selector="{}")}, fleet=fleet)
+    endpoints = {r["endpoint"] for m in plan["models"] for r in m["profiles"][0]["replicas"]}
+    assert "http://127.0.0.11:9100" in endpoints
+
+
+def test_external_endpoints_are_routed_not_placed(tmp_path):
+    profile = '    endpoints: ["http://127.0.0.51:8000"]\n'
+    plan = plan_for(tmp_path, {"a.yaml": model_yaml(profile_extra=profile, weights=None)})
+    [profile_out] = plan["models"][0]["profiles"]
+    assert profile_out["external"] is True
+    assert profile_out["replicas"] == [{"endpoint": "http://127.0.0.51:8000"}]
+    assert all(n["used"]["replicas"] == 0 for n in plan["nodes"])
+
+
+def test_profiles_are_in_routing_order(tmp_path):
+    text = model_yaml(profile_extra="    priority: 200\n") + (
+        "  - name: first\n    engine: llamacpp\n    priority: 10\n    node_selector: {pool: cpu}\n")
+    plan = plan_for(tmp_path, {"a.yaml": text})
+    assert [p["name"] for p in plan["models"][0]["profiles"]] == ["first", "main"]
+
+
+def test_previous_plan_keeps_replicas_where_they_were(tmp_path):
+    models = {f"m{i}.yaml": model_yaml(f"m{i}", selector="{}") for i in range(6)}
+    first = plan_for(tmp_path / "one", models, fleet=UNKNOWN_AGENT_FLEET)
+    # A small edit: one more model, added before the others alphabetically.
+    models["a.yaml"] = model_yaml("a-new", selector="{}")
+    fresh = plan_for(tmp_path / "two", models, fleet=UNKNOWN_AGENT_FLEET)
+    kept = plan_for(tmp_path / "three", models, fleet=UNKNOWN_AGENT_FLEET, previous=first)
+
+    def where(plan):
+        return {m["name"]: m["profiles"][0]["replicas"][0]["endpoint"] for m in plan["models"]}
+
+    before, after = where(first), where(kept)
+    assert all(after[name] == endpoint for name, endpoint in before.items())
+    assert where(fresh) != after, "the test should show a reshuffle without --previous"
+    assert kept["inputs"]["previous"] == first["digest"]
+
+
+def test_previous_placement_that_no_longer_fits_moves(tmp_path):
+    first = plan_for(tmp_path / "one", {"a.yaml": model_yaml(selector="{}")},
+                     fleet=UNKNOWN_AGENT_FLEET)
+    was = first["models"][0]["profiles"][0]["replicas"][0]["node"]
+    shrunk = UNKNOWN_AGENT_FLEET.replace("memory_gb: 64\n    engines: [llamacpp]",
+                                         "memory_gb: 4\n    engines: [llamacpp]")
+    second = plan_for(tmp_path / "two", {"a.yaml": model_yaml(selector="{}")}, fleet=shrunk,
+                      previous=first)
+    assert was == "a-reports"
+    assert second["models"][0]["profiles"][0]["replicas"][0]["node"] != was
+
+
+def test_an_edited_plan_is_refused_with_its_digest_mismatch(tmp_path):
+    plan = plan_for(tmp_path, {"a.yaml": model_yaml()})
+    plan["models"][0]["context_length"] = 999_999
+    with pytest.raises(PlanError, match="edited after"):
+        parse_plan(dump_plan(plan))
+
+
+def test_plan_carries_the_warnings_that_applied_to_each_model(tmp_path):
+    fleet = "nodes:\n  - {name: n1, address: 127.0.0.11, memory_gb: 64, engines: [vllm]}\n"
+    plan = plan_for(tmp_path, {"a.yaml": model_yaml(selector="{}")}, fleet=fleet)
+    [model] = plan["models"]
+    assert [w["rule"] for w in model["warnings"]] == ["engine-unavailable"]
+    assert model["profiles"][0]["replicas"][0]["node"] == "n1"  # a warning is not a refusal
