@@ -1,0 +1,112 @@
+"""Local HTTP servers standing in for Gitea's API and the gateway's admin API.
+
+Each keeps what it was sent, so a test can say what a reviewer or the gateway would see.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class FakeGitea:
+    owner: str = "team"
+    repo: str = "models"
+    token: str = "gitea-token"
+    comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    url: str = ""
+    next_id: int = 100
+
+    def handle(self, method: str, path: str, auth: str | None, body: Any) -> tuple[int, Any]:
+        self.requests.append((method, path))
+        if auth != f"token {self.token}":
+            return 401, {"message": "token is required"}
+        prefix = f"/api/v1/repos/{self.owner}/{self.repo}/issues/"
+        if not path.startswith(prefix):
+            return 404, {"message": "repository not found"}
+        rest = path[len(prefix) :].split("/")
+        if len(rest) == 2 and rest[1] == "comments" and rest[0].isdigit():
+            thread = self.comments.setdefault(int(rest[0]), [])
+            if method == "GET":
+                return 200, thread
+            if method == "POST":
+                self.next_id += 1
+                comment = {
+                    "id": self.next_id,
+                    "body": body["body"],
+                    "html_url": f"{self.url}/{self.owner}/{self.repo}/pulls/{rest[0]}"
+                    f"#issuecomment-{self.next_id}",
+                }
+                thread.append(comment)
+                return 201, comment
+        if len(rest) == 2 and rest[0] == "comments" and rest[1].isdigit() and method == "PATCH":
+            for thread in self.comments.values():
+                for comment in thread:
+                    if comment["id"] == int(rest[1]):
+                        comment["body"] = body["body"]
+                        return 200, comment
+            return 404, {"message": "comment not found"}
+        return 404, {"message": "not found"}
+
+
+@dataclass
+class FakeGateway:
+    token: str = "admin-token"
+    plan: dict[str, Any] | None = None
+    refuse_with: str | None = None  # a refusal message: POST /admin/plan answers 422
+    posts: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+
+    def handle(self, method: str, path: str, auth: str | None, body: Any) -> tuple[int, Any]:
+        if auth != f"Bearer {self.token}":
+            return 401, {"title": "401 Unauthorized"}
+        if path != "/admin/plan":
+            return 404, {"title": "404 Not Found"}
+        if method == "GET":
+            return (200, self.plan) if self.plan is not None else (404, {"title": "no plan"})
+        if method == "POST":
+            self.posts.append(body)
+            if self.refuse_with:
+                return 422, {"title": "plan refused", "description": self.refuse_with}
+            self.plan = body
+            return 200, {"digest": body.get("digest")}
+        return 405, {"title": "405 Method Not Allowed"}
+
+
+@contextmanager
+def serve(app: FakeGitea | FakeGateway) -> Iterator[FakeGitea | FakeGateway]:
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
+            path = self.path.split("?", 1)[0]
+            status, doc = app.handle(self.command, path, self.headers.get("Authorization"), body)
+            data = json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = _answer
+
+        def log_message(self, format: str, *args: Any) -> None:  # keep pytest output clean
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    app.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield app
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,135 @@
+"""The pull-request comment: created once, then updated in place, found again by its marker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.gitea import DEFAULT_MARKER, GiteaError, post_comment, pull_request_from_env
+from tests.conftest import run_llmgw
+from tests.gitops.servers import FakeGitea, serve
+
+
+def gitea_env(gitea: FakeGitea, tmp_path: Path, number: int = 7) -> dict[str, str]:
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"action": "synchronized", "pull_request": {"number": number}}))
+    return {
+        "GITHUB_SERVER_URL": gitea.url,
+        "GITHUB_REPOSITORY": f"{gitea.owner}/{gitea.repo}",
+        "GITHUB_TOKEN": gitea.token,
+        "GITHUB_EVENT_PATH": str(event),
+    }
+
+
+def post(tmp_path: Path, gitea: Any, body: str, **env: str) -> Any:
+    body_file = tmp_path / "comment.md"
+    body_file.write_text(body)
+    return run_llmgw(
+        "pr-comment", "--body-file", body_file, **{**gitea_env(gitea, tmp_path), **env}
+    )
+
+
+def test_first_run_creates_the_comment_and_later_runs_update_it(tmp_path: Path) -> None:
+    with serve(FakeGitea()) as gitea:
+        first = post(tmp_path, gitea, "### Plan: 1 to add\n")
+        assert first.code == 0, first
+        assert "Created comment 101 on pull request #7 of team/models" in first.stderr, first
+        second = post(tmp_path, gitea, "### Plan: 2 to add\n")
+        assert second.code == 0, second
+        assert "Updated comment 101" in second.stderr, second
+    thread = gitea.comments[7]
+    assert len(thread) == 1, "a second push must not add a second comment"
+    assert thread[0]["body"] == f"{DEFAULT_MARKER}\n### Plan: 2 to add\n"
+    assert ("PATCH", "/api/v1/repos/team/models/issues/comments/101") in gitea.requests
+
+
+def test_other_peoples_comments_are_left_alone(tmp_path: Path) -> None:
+    gitea = FakeGitea()
+    gitea.comments[7] = [
+        {"id": 5, "body": "LGTM"},
+        {"id": 6, "body": f"> {DEFAULT_MARKER}\n> quoted by a reviewer"},
+    ]
+    with serve(gitea):
+        result = post(tmp_path, gitea, "body\n")
+    assert result.code == 0, result
+    assert [c["body"] for c in gitea.comments[7][:2]] == [
+        "LGTM",
+        f"> {DEFAULT_MARKER}\n> quoted by a reviewer",
+    ]
+    assert len(gitea.comments[7]) == 3
+
+
+def test_an_unchanged_body_is_not_patched(tmp_path: Path) -> None:
+    with serve(FakeGitea()) as gitea:
+        post(tmp_path, gitea, "same\n")
+        again = post(tmp_path, gitea, "same\n")
+    assert "Unchanged comment 101" in again.stderr, again
+    assert not any(method == "PATCH" for method, _ in gitea.requests)
+
+
+def test_a_refused_token_is_a_sentence_and_exit_2(tmp_path: Path) -> None:
+    with serve(FakeGitea()) as gitea:
+        result = post(tmp_path, gitea, "body\n", GITHUB_TOKEN="wrong")
+    assert result.code == 2, result
+    assert "Traceback" not in result.stderr, result
+    assert "HTTP 401" in result.stderr and "read-only" in result.stderr, result
+
+
+def test_missing_environment_names_each_variable(tmp_path: Path) -> None:
+    body = tmp_path / "comment.md"
+    body.write_text("body\n")
+    result = run_llmgw(
+        "pr-comment",
+        "--body-file",
+        body,
+        GITHUB_SERVER_URL="",
+        GITEA_SERVER_URL="",
+        GITHUB_REPOSITORY="",
+        GITHUB_TOKEN="",
+        GITEA_TOKEN="",
+    )
+    assert result.code == 2, result
+    for name in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_TOKEN"):
+        assert name in result.stderr, result
+    assert "Traceback" not in result.stderr, result
+
+
+def test_an_event_that_is_not_a_pull_request_says_so(tmp_path: Path) -> None:
+    event = tmp_path / "push.json"
+    event.write_text(json.dumps({"ref": "refs/heads/main"}))
+    env = {
+        "GITHUB_SERVER_URL": "http://127.0.0.1:9",
+        "GITHUB_REPOSITORY": "team/models",
+        "GITHUB_TOKEN": "t",
+        "GITHUB_EVENT_PATH": str(event),
+    }
+    with pytest.raises(GiteaError, match="not about a pull request"):
+        pull_request_from_env(env)
+
+
+def test_an_unreachable_gitea_is_a_sentence(tmp_path: Path) -> None:
+    env = {
+        "GITHUB_SERVER_URL": "http://127.0.0.1:9",
+        "GITHUB_REPOSITORY": "team/models",
+        "GITHUB_TOKEN": "t",
+    }
+    with pytest.raises(GiteaError, match="cannot reach Gitea at http://127.0.0.1:9"):
+        post_comment(pull_request_from_env(env, number=3), "body")
+
+
+def test_an_unknown_repository_is_a_404_sentence(tmp_path: Path) -> None:
+    with serve(FakeGitea()) as gitea:
+        result = post(tmp_path, gitea, "body\n", GITHUB_REPOSITORY="team/other")
+    assert result.code == 2, result
+    assert "no pull request #7 in team/other" in result.stderr, result
+
+
+def test_an_empty_body_is_refused_before_calling_gitea(tmp_path: Path) -> None:
+    with serve(FakeGitea()) as gitea:
+        result = post(tmp_path, gitea, "  \n")
+    assert result.code == 2, result
+    assert "comment body is empty" in result.stderr, result
+    assert gitea.requests == []
