@@ -124,7 +124,14 @@ def _yaml_finding(display: str, exc: MarkedYAMLError, text: str) -> Finding:
         where = f" (first at line {first})" if first else ""
         return Finding(display, line, col, "yaml", "error",
                        f"the key '{key}' appears twice{where}; keep one of them.")
+    if mark is not None and _char_at(text, mark.line, mark.column) == "\t":
+        problem = "a tab character"
     return Finding(display, line, col, "yaml", "error", f"not valid YAML: {problem}; {_hint(problem)}")
+
+
+def _char_at(text: str, line: int, column: int) -> str:
+    lines = text.splitlines()
+    return lines[line][column : column + 1] if line < len(lines) else ""
 
 
 def _earlier_key_line(text: str, key: str, line: int, col: int) -> int | None:
