@@ -1,0 +1,210 @@
+"""`llmgw diff`: what deploying one plan over another changes, read like `terraform plan`."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from llmgw.diff import EMPTY_PLAN, diff_plans
+from llmgw.plan import dump_plan, plan_digest
+from llmgw.report.diff_formats import DIFF_REPORTERS
+from llmgw.report.diff_markdown import FOLD_AFTER_LINES, diff_markdown
+from llmgw.report.diff_text import diff_lines
+from tests.conftest import run_llmgw
+from tests.gitops.plans import CPU, base_and_head, model, node, plan, replica
+
+
+def text(old: dict[str, Any], new: dict[str, Any]) -> str:
+    return "\n".join(diff_lines(diff_plans(old, new)))
+
+
+def redigest(doc: dict[str, Any]) -> dict[str, Any]:
+    doc["digest"] = plan_digest(doc)
+    return doc
+
+
+def test_the_readme_example_reads_like_terraform() -> None:
+    base, head = base_and_head()
+    assert text(base, head) == "\n".join(
+        [
+            "+ model phi-4 (chat, 1 replica)",
+            "    + replica cpu/1 on cpu-1 (http://127.0.0.11:8001)",
+            "~ model llama-3.1-8b",
+            '    description: "General chat." → "General chat, fast and cheap."',
+            "    replicas: 2 → 3",
+            "    ~ replica cpu/1 moved cpu-1 → cpu-2",
+            "    + replica cpu/3 on cpu-3 (http://127.0.0.13:8002)",
+            "- model mistral-7b-instruct (chat, 1 replica)",
+            "1 to add, 1 to change, 1 to remove.",
+        ]
+    )
+
+
+def test_identical_plans_say_no_changes() -> None:
+    base, _ = base_and_head()
+    assert text(base, copy.deepcopy(base)) == "No changes."
+
+
+def test_provenance_alone_is_no_change() -> None:
+    base, _ = base_and_head()
+    other = copy.deepcopy(base)
+    other["inputs"]["fleet"]["sha256"] = "1" * 64  # a comment edited in fleet.yaml
+    other["nodes"][0]["used"]["replicas"] = 9
+    assert text(base, redigest(other)) == "No changes."
+
+
+def test_a_description_added_to_an_undescribed_model_shows_none_before() -> None:
+    old = plan([model("m", [replica("cpu-1", "127.0.0.11", 8001)], description=None)], CPU)
+    new = plan([model("m", [replica("cpu-1", "127.0.0.11", 8001)], description="Tiny.")], CPU)
+    assert '    description: (none) → "Tiny."' in text(old, new).splitlines()
+
+
+def test_aliases_and_limits_show_before_and_after() -> None:
+    r = [replica("cpu-1", "127.0.0.11", 8001)]
+    old = plan([model("m", r, aliases=["a"], context_length=8192)], CPU)
+    new = plan([model("m", r, aliases=["a", "b"], context_length=16384, max_output=512)], CPU)
+    lines = text(old, new).splitlines()
+    assert "    aliases: [a] → [a, b]" in lines
+    assert "    context_length: 8192 → 16384" in lines
+    assert "    max_output: (none) → 512" in lines
+
+
+def test_a_profile_field_names_its_profile() -> None:
+    r = [replica("cpu-1", "127.0.0.11", 8001)]
+    old = plan([model("m", r)], CPU)
+    changed = model("m", r)
+    changed["profiles"][0]["ctx_size"] = 16384
+    assert "    profile cpu ctx_size: 8192 → 16384" in text(old, plan([changed], CPU)).splitlines()
+
+
+def test_a_replica_that_only_changed_port_is_re_addressed_not_moved() -> None:
+    old = plan([model("m", [replica("cpu-1", "127.0.0.11", 8001)])], CPU)
+    new = plan([model("m", [replica("cpu-1", "127.0.0.11", 8005)])], CPU)
+    assert (
+        "    ~ replica cpu/1 endpoint http://127.0.0.11:8001 → http://127.0.0.11:8005"
+        in text(old, new).splitlines()
+    )
+
+
+def test_a_removed_replica_says_where_it_was() -> None:
+    two = [replica("cpu-1", "127.0.0.11", 8001), replica("cpu-2", "127.0.0.12", 8001)]
+    old = plan([model("m", two)], CPU)
+    new = plan([model("m", two[:1])], CPU)
+    assert "    - replica cpu/2 from cpu-2 (http://127.0.0.12:8001)" in text(old, new).splitlines()
+
+
+def test_fleet_changes_are_resources_too() -> None:
+    old = plan([], CPU)
+    new = plan(
+        [],
+        [
+            *CPU[:2],
+            node("cpu-3", "127.0.0.13", engines=None),
+            node("gpu-9", "127.0.0.29", 256, gpus=2),
+        ],
+    )
+    del new["nodes"][2]["engines"]
+    lines = text(old, redigest(new)).splitlines()
+    assert "+ node gpu-9 (127.0.0.29, 256 GB, 2 GPUs)" in lines
+    assert "~ node cpu-3" in lines and "    engines: [llamacpp] → (none)" in lines
+    assert lines[-1] == "1 to add, 1 to change, 0 to remove."
+
+
+def test_an_empty_old_plan_adds_everything() -> None:
+    _, head = base_and_head()
+    assert text(EMPTY_PLAN, head).splitlines()[-1] == "5 to add, 0 to change, 0 to remove."
+
+
+def test_output_is_sorted_and_deterministic() -> None:
+    base, head = base_and_head()
+    shuffled = copy.deepcopy(head)
+    shuffled["models"].reverse()
+    shuffled["nodes"].reverse()
+    assert text(base, redigest(shuffled)) == text(base, head)
+
+
+def test_markdown_has_a_table_and_folds_long_diffs() -> None:
+    base, head = base_and_head()
+    short = diff_markdown(diff_plans(base, head))
+    assert short.startswith("### Plan: 1 to add, 1 to change, 1 to remove\n")
+    assert "| `~` | model `llama-3.1-8b` | description changed; replicas 2 → 3;" in short
+    assert "<details>" not in short and "```diff\n+ model phi-4" in short
+    many = plan(
+        [
+            model(f"m{i:02}", [replica("cpu-1", "127.0.0.11", 8001 + i)])
+            for i in range(FOLD_AFTER_LINES)
+        ],
+        CPU,
+    )
+    long = diff_markdown(diff_plans(EMPTY_PLAN, many))
+    assert "<details><summary>Full diff (" in long and "</details>" in long
+
+
+def test_markdown_fences_survive_backticks_in_descriptions() -> None:
+    r = [replica("cpu-1", "127.0.0.11", 8001)]
+    old = plan([model("m", r, description="plain")], CPU)
+    new = plan([model("m", r, description="use ```json``` blocks")], CPU)
+    md = diff_markdown(diff_plans(old, new))
+    assert "````diff" in md, "the fence must be longer than any backtick run inside it"
+
+
+def test_json_has_a_format_version_and_counts() -> None:
+    base, head = base_and_head()
+    out = io.StringIO()
+    DIFF_REPORTERS["json"](diff_plans(base, head), out, color=False)
+    doc = json.loads(out.getvalue())
+    assert doc["format_version"] == "1"
+    assert doc["summary"] == {"add": 1, "change": 1, "remove": 1}
+    assert [c["name"] for c in doc["changes"]] == ["phi-4", "llama-3.1-8b", "mistral-7b-instruct"]
+
+
+def test_colour_only_when_asked() -> None:
+    base, head = base_and_head()
+    plain, coloured = io.StringIO(), io.StringIO()
+    DIFF_REPORTERS["text"](diff_plans(base, head), plain, color=False)
+    DIFF_REPORTERS["text"](diff_plans(base, head), coloured, color=True)
+    assert "\x1b[" not in plain.getvalue()
+    assert "\x1b[32m+ model phi-4" in coloured.getvalue()
+
+
+def write(tmp_path: Path, name: str, doc: dict[str, Any]) -> Path:
+    path = tmp_path / name
+    path.write_text(dump_plan(doc))
+    return path
+
+
+def test_cli_detailed_exitcode_is_0_2_or_1(tmp_path: Path) -> None:
+    base, head = base_and_head()
+    old, new = write(tmp_path, "old.json", base), write(tmp_path, "new.json", head)
+    same = run_llmgw("diff", old, old, "--detailed-exitcode")
+    assert (same.code, same.stdout) == (0, "No changes.\n"), same
+    changed = run_llmgw("diff", old, new, "--detailed-exitcode")
+    assert changed.code == 2 and changed.stdout.endswith("1 to remove.\n"), changed
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    error = run_llmgw("diff", broken, new, "--detailed-exitcode")
+    assert error.code == 1 and "not valid JSON" in error.stderr, error
+    assert "Traceback" not in error.stderr, error
+
+
+def test_cli_without_detailed_exitcode_succeeds_on_changes(tmp_path: Path) -> None:
+    base, head = base_and_head()
+    result = run_llmgw("diff", write(tmp_path, "o.json", base), write(tmp_path, "n.json", head))
+    assert result.code == 0, result
+    assert "\x1b[" not in result.stdout, "no colour when stdout is not a terminal"
+
+
+def test_cli_refuses_a_hand_edited_plan(tmp_path: Path) -> None:
+    base, head = base_and_head()
+    head["models"][0]["replicas"] = 9  # digest no longer matches
+    result = run_llmgw("diff", write(tmp_path, "o.json", base), write(tmp_path, "n.json", head))
+    assert result.code == 2 and "edited after `llmgw plan` wrote it" in result.stderr, result
+
+
+def test_cli_format_choices_are_the_registry() -> None:
+    result = run_llmgw("diff", "--help")
+    assert "[json|markdown|text]" in result.stdout, result
+    assert sorted(DIFF_REPORTERS) == ["json", "markdown", "text"]
