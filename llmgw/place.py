@@ -227,8 +227,9 @@ def _why_short(missing: list[_Want], placed: int, fleet: Fleet) -> Finding | Non
     where = f"nodes matching {{{selector}}}" if selector else "nodes"
     if want.gpus and max(n.gpu_count for n in eligible) < want.gpus:
         most = max(n.gpu_count for n in eligible)
-        reason = (f"a replica needs {want.gpus} GPU(s) and the {where} have at most {most}. "
-                  "Lower gpus or add a node with more GPUs.")
+        has = f"have at most {most}" if most else "have none"
+        reason = (f"a replica needs {want.gpus} GPU(s) and the {where} {has}. "
+                  "Lower gpus, or add a node with more GPUs.")
     elif not any(capacity_gb(n, profile) >= want.need_gb for n in eligible):
         largest = max(eligible, key=lambda n: (capacity_gb(n, profile), n.name))
         reason = (f"a replica needs {want.need_gb:g} GB and it is too big for every eligible "

@@ -19,7 +19,11 @@ def schema_findings(doc: Document, name: str) -> list[Finding]:
     """Every schema violation in `doc`, each at the offending value's line."""
     findings: list[Finding] = []
     for error in validator(name).iter_errors(doc.data):
-        findings.extend(_explain(doc, error))
+        for finding in _explain(doc, error):
+            # One mistake can break two keywords (a blank description fails
+            # minLength and pattern); say it once.
+            if finding not in findings:
+                findings.append(finding)
     return findings
 
 

@@ -30,7 +30,9 @@ def capacity_gb(node: Node, profile: Profile) -> float:
 
 
 def _largest(fleet: Fleet, profile: Profile) -> tuple[Node, float] | None:
-    nodes = fleet.matching(profile.node_selector)
+    # Nodes without enough GPUs are placement's to explain, not a memory question.
+    nodes = [n for n in fleet.matching(profile.node_selector)
+             if n.gpu_count >= profile.gpus_needed]
     if not nodes:
         return None
     node = max(nodes, key=lambda n: (capacity_gb(n, profile), n.name))
