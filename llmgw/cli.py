@@ -247,3 +247,32 @@ def inventory_command(
         click.echo(entry_yaml(inventory.entry), nl=False)
     for note in inventory.notes:
         click.echo(f"llmgw inventory: {note}", err=True)
+
+
+@main.command("serve")
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(path_type=Path),
+    default=Path("plan.json"),
+    show_default=True,
+    help="The plan `llmgw plan` wrote; replace it (write, then rename) to reload.",
+)
+@click.option("--bind", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT")
+@click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
+def serve_command(plan_path: Path, bind: str, workers: int) -> None:
+    """Serve the plan's models behind one OpenAI-compatible endpoint (gunicorn + uvicorn)."""
+    from llmgw.gateway.serve import serve
+
+    serve(plan_path, bind, workers)
+
+
+@main.command("deploy")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--gateway", "gateway_url", required=True, metavar="URL", help="e.g. http://gw:8080")
+def deploy_command(plan_path: Path, gateway_url: str) -> None:
+    """Send PLAN to a running gateway (token from LLMGW_ADMIN_TOKEN); it serves it at once."""
+    from llmgw.gateway.deploy import deploy
+
+    digest = deploy(plan_path, gateway_url)
+    click.echo(f"{gateway_url} now serves {digest}.")

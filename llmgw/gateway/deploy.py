@@ -1,0 +1,50 @@
+"""`llmgw deploy PLAN --gateway URL`: hand a plan to a running gateway.
+
+The gateway checks the plan itself and writes it over its plan file, so every worker
+picks it up; this side only reads the file, sends it, and turns the answer into a sentence.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+
+from llmgw.errors import LlmgwError, UsageError
+
+
+class DeployRefused(LlmgwError):
+    """The gateway answered, and said no."""
+
+
+def deploy(plan: Path, gateway: str, token: str | None = None, timeout: float = 30.0) -> str:
+    """Send `plan` to `gateway`'s POST /admin/plan; the digest it now serves, or an error."""
+    token = token if token is not None else os.environ.get("LLMGW_ADMIN_TOKEN")
+    if not token:
+        raise UsageError("LLMGW_ADMIN_TOKEN is not set; export the gateway's admin token first.")
+    try:
+        text = plan.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read plan {plan}: {exc.strerror or exc}.") from None
+    url = gateway.rstrip("/") + "/admin/plan"
+    try:
+        answer = httpx.post(
+            url,
+            content=text,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            timeout=timeout,
+            trust_env=False,
+        )
+    except httpx.HTTPError as exc:
+        raise UsageError(f"cannot reach the gateway at {url}: {exc}. Check --gateway.") from None
+    if answer.status_code == 200:
+        return str(answer.json()["digest"])
+    raise DeployRefused(f"the gateway refused the plan ({answer.status_code}): {_reason(answer)}")
+
+
+def _reason(answer: httpx.Response) -> str:
+    try:
+        return str(answer.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return answer.text.strip()[:500] or answer.reason_phrase
