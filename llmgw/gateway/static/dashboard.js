@@ -71,7 +71,7 @@
         return resp.json();
       })
       .then(function (status) {
-
+        apply(status);
         setLive(liveText, false);
       })
       .catch(function () {
