@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from llmgw.errors import UsageError
 from llmgw.findings import Finding, count
 from llmgw.load import Document, load_document

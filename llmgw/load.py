@@ -60,13 +60,15 @@ class Document:
         for i, step in enumerate(path):
             lc = getattr(node, "lc", None)
             last = i == len(path) - 1
+            if lc is None:
+                break
             try:
                 if isinstance(step, int):
-                    line, col = lc.item(step) if lc is not None else (line, col)
+                    line, col = lc.item(step)
                 else:
                     if step not in node:
                         break
-                    line, col = lc.key(step) if (key and last) or lc is None else lc.value(step)
+                    line, col = lc.key(step) if key and last else lc.value(step)
                 node = node[step]
             except (KeyError, IndexError, TypeError, AttributeError):
                 break

@@ -11,7 +11,7 @@ from llmgw.errors import PlanError
 from llmgw.plan import build_plan, dump_plan, parse_plan, plan_digest
 from llmgw.schema import validator
 from tests.conftest import REPO, write_catalog
-from tests.unit.helpers import model_yaml, run
+from tests.unit.helpers import model_yaml
 
 UNKNOWN_AGENT_FLEET = """\
 nodes:
