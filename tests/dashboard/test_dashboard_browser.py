@@ -73,9 +73,10 @@ class Gateway:
             "LLMGW_HEALTH_FAILURES": "1",
             "LLMGW_RELOAD_INTERVAL": "0.2",
         }
+        # One worker, so every poll sees the same health view as the last.
         command = [
-            sys.executable, "-m", "uvicorn", "--factory", "tests.dashboard.harness:create_app",
-            "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+            sys.executable, "-m", "llmgw", "serve", "--plan", str(plan_path),
+            "--bind", f"127.0.0.1:{self.port}", "--workers", "1",
         ]
         self._log = log.open("wb")
         self.proc = subprocess.Popen(
