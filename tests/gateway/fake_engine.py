@@ -108,9 +108,7 @@ class _Connection(asyncio.Protocol):
                 self.busy = True
                 asyncio.get_running_loop().create_task(self._answer_later(slow))
 
-    def _write(
-        self, status: int, payload: bytes, content_type: bytes = b"application/json"
-    ) -> None:
+    def _write(self, status: int, payload: bytes, content_type: bytes = b"application/json") -> None:
         assert self.transport is not None
         if self.closed:
             return
@@ -143,9 +141,7 @@ class _Connection(asyncio.Protocol):
         try:
             request = json.loads(body)
         except ValueError:
-            self._write(
-                400, b'{"error":{"message":"body is not JSON","type":"invalid_request_error"}}'
-            )
+            self._write(400, b'{"error":{"message":"body is not JSON","type":"invalid_request_error"}}')
             return None
         model = str(request.get("model"))
         engine.models_seen.append(model)
@@ -202,9 +198,7 @@ class _Connection(asyncio.Protocol):
             if self.closed:
                 self.engine.disconnects += 1
                 return
-            event = (
-                b"data: " + json.dumps(_chunk(kind, model, self.engine.name, i)).encode() + b"\n\n"
-            )
+            event = b"data: " + json.dumps(_chunk(kind, model, self.engine.name, i)).encode() + b"\n\n"
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
         done = b"data: [DONE]\n\n"
         self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
@@ -228,8 +222,7 @@ def _complete(kind: str, model: str, name: str, request: dict[str, Any]) -> byte
                 "model": model,
                 "system_fingerprint": name,
                 "data": [
-                    {"object": "embedding", "index": i, "embedding": [0.25, 0.5, 0.75]}
-                    for i in range(count)
+                    {"object": "embedding", "index": i, "embedding": [0.25, 0.5, 0.75]} for i in range(count)
                 ],
                 "usage": {"prompt_tokens": 3, "total_tokens": 3},
             }

@@ -201,9 +201,7 @@ def wait_until(check: Any, timeout: float, what: str) -> Any:
 
 
 @contextlib.contextmanager
-def gateway(
-    plan_path: Path, workers: int = 2, log_dir: Path | None = None, **env: str
-) -> Iterator[Gateway]:
+def gateway(plan_path: Path, workers: int = 2, log_dir: Path | None = None, **env: str) -> Iterator[Gateway]:
     port = free_port()
     bind = f"127.0.0.1:{port}"
     full_env = serve_environment(
@@ -236,3 +234,6 @@ def gateway(
         yield gw
     finally:
         stop(proc)
+
+
+DIGEST_HEADER = "X-Llmgw-Plan-Digest"

@@ -1,0 +1,321 @@
+"""The /v1 API through a real gateway (gunicorn, two workers) in front of fake engines."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from harness import (
+    DIGEST_HEADER,
+    Engine,
+    Gateway,
+    dead_endpoint,
+    gateway,
+    model,
+    plan,
+    profile,
+    wait_until,
+    write_plan,
+)
+
+
+@pytest.fixture(scope="module")
+def gw(
+    tmp_path_factory: pytest.TempPathFactory,
+    engine_a: Engine,
+    engine_b: Engine,
+    engine_failing: Engine,
+) -> Iterator[Gateway]:
+    a, b = engine_a.url, engine_b.url
+    doc = plan(
+        [
+            model(
+                "chat-a",
+                [profile([a], "served-a")],
+                aliases=["alias-a"],
+                max_output=100,
+                description="A chat model for tests.",
+            ),
+            model("plain", [profile([b], "plain")]),
+            model("embed", [profile([a], "embed-x")], task="embedding"),
+            model("base", [profile([b], "base")], task="completion"),
+            model("failover", [profile([dead_endpoint("127.0.0.5"), a], "failover")]),
+            model("failover-5xx", [profile([engine_failing.url, b], "failover-5xx")]),
+            model(
+                "tiered",
+                [
+                    profile([dead_endpoint("127.0.0.6")], "tiered", priority=10, name="gpu"),
+                    profile([b], "tiered-cpu", priority=20, name="cpu"),
+                ],
+            ),
+            model("nowhere", [profile([dead_endpoint("127.0.0.7")], "nowhere")]),
+        ]
+    )
+    path = tmp_path_factory.mktemp("api") / "plan.json"
+    write_plan(path, doc)
+    with gateway(
+        path, LLMGW_MAX_BODY_BYTES="65536", LLMGW_FIRST_BYTE_TIMEOUT="1.5", LLMGW_CHUNK_TIMEOUT="1.5"
+    ) as g:
+        g.env["digest"] = doc["digest"]
+        yield g
+
+
+def post(gw: Gateway, path: str, body: Any, **kw: Any) -> httpx.Response:
+    return httpx.post(gw.url + path, json=body, timeout=30, **kw)
+
+
+def chat(model_name: str, **extra: Any) -> dict[str, Any]:
+    return {"model": model_name, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def error_of(answer: httpx.Response) -> dict[str, Any]:
+    body = answer.json()
+    assert set(body) == {"error"}, f"not an OpenAI error: {body}"
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert "Traceback" not in answer.text
+    return body["error"]
+
+
+# --- listing -------------------------------------------------------------------------------
+
+
+def test_models_lists_every_model_with_its_limits(gw: Gateway) -> None:
+    answer = httpx.get(gw.url + "/v1/models", timeout=10)
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["object"] == "list"
+    by_id = {m["id"]: m for m in body["data"]}
+    assert set(by_id) >= {"chat-a", "plain", "embed", "base"}
+    described = by_id["chat-a"]
+    assert described["object"] == "model"
+    assert described["description"] == "A chat model for tests."
+    assert described["max_output"] == 100
+    assert described["aliases"] == ["alias-a"]
+    assert described["context_length"] == 8192
+    assert isinstance(described["created"], int) and described["owned_by"]
+
+
+def test_an_undescribed_model_has_no_description_key_at_all(gw: Gateway) -> None:
+    plain = httpx.get(gw.url + "/v1/models/plain", timeout=10).json()
+    assert "description" not in plain, "clients would show an empty description"
+    assert "max_output" not in plain
+
+
+def test_a_model_is_found_by_its_alias(gw: Gateway) -> None:
+    answer = httpx.get(gw.url + "/v1/models/alias-a", timeout=10)
+    assert answer.status_code == 200
+    assert answer.json()["id"] == "chat-a"
+
+
+def test_an_unknown_model_id_is_404_naming_the_closest(gw: Gateway) -> None:
+    answer = httpx.get(gw.url + "/v1/models/chat-b", timeout=10)
+    assert answer.status_code == 404
+    assert "chat-a" in error_of(answer)["message"]
+
+
+# --- proxying ------------------------------------------------------------------------------
+
+
+def test_chat_by_alias_reaches_the_replica_under_its_served_name(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("alias-a"))
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["system_fingerprint"] == "a"
+    assert body["model"] == "served-a", "the engine must be sent the name it serves"
+    assert body["choices"][0]["message"]["content"] == "hello from a"
+
+
+def test_completions_and_embeddings_are_proxied(gw: Gateway) -> None:
+    done = post(gw, "/v1/completions", {"model": "base", "prompt": "once upon"})
+    assert done.status_code == 200 and done.json()["object"] == "text_completion"
+    embedded = post(gw, "/v1/embeddings", {"model": "embed", "input": ["x", "y"]})
+    assert embedded.status_code == 200
+    assert len(embedded.json()["data"]) == 2
+    assert embedded.json()["model"] == "embed-x"
+
+
+def test_streamed_chunks_arrive_as_the_engine_sends_them(gw: Gateway) -> None:
+    body = chat("plain", stream=True, fake_chunks=3, fake_chunk_delay=0.6)
+    arrivals: list[float] = []
+    start = time.monotonic()
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                arrivals.append(time.monotonic() - start)
+    assert len(arrivals) == 4, "three chunks and [DONE]"
+    # The engine spaces chunks 0.6 s apart; a buffering gateway would deliver them together.
+    assert arrivals[1] - arrivals[0] > 0.3 and arrivals[2] - arrivals[1] > 0.3, arrivals
+
+
+def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(gw: Gateway, engine_b: Engine) -> None:
+    before = engine_b.stats()["disconnects"]
+    body = chat("plain", stream=True, fake_chunks=100, fake_chunk_delay=0.1)
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as answer:
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                break  # leave after the first token
+    wait_until(
+        lambda: engine_b.stats()["disconnects"] > before, 8, "the engine to see its stream's client go away"
+    )
+
+
+# --- routing and failover ------------------------------------------------------------------
+
+
+def test_a_dead_replica_is_skipped_and_no_request_fails(gw: Gateway) -> None:
+    for _ in range(10):
+        answer = post(gw, "/v1/chat/completions", chat("failover"))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["system_fingerprint"] == "a"
+
+
+def test_a_replica_answering_500_is_retried_on_another(gw: Gateway) -> None:
+    for _ in range(10):
+        answer = post(gw, "/v1/chat/completions", chat("failover-5xx"))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["system_fingerprint"] == "b"
+
+
+def test_the_next_priority_serves_when_the_first_is_down(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("tiered"))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "tiered-cpu"
+
+
+def test_an_unreachable_model_is_502_then_503_with_retry_after(gw: Gateway) -> None:
+    first = post(gw, "/v1/chat/completions", chat("nowhere"))
+    assert first.status_code in (502, 503), first.text
+    error_of(first)
+
+    def out_of_rotation() -> httpx.Response | None:
+        answers = [post(gw, "/v1/chat/completions", chat("nowhere")) for _ in range(6)]
+        return answers[-1] if all(a.status_code == 503 for a in answers) else None
+
+    answer = wait_until(out_of_rotation, 15, "health checks to take the replica out")
+    assert int(answer.headers["Retry-After"]) >= 1
+    assert "nowhere" in error_of(answer)["message"]
+
+
+def test_an_engine_slow_to_start_answering_is_504(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("plain", fake_delay_first=4))
+    assert answer.status_code == 504
+    assert "LLMGW_FIRST_BYTE_TIMEOUT" in error_of(answer)["message"]
+
+
+def test_a_stream_that_stalls_ends_with_an_error_event(gw: Gateway) -> None:
+    body = chat("plain", stream=True, fake_chunks=3, fake_chunk_delay=4)
+    answer = post(gw, "/v1/chat/completions", body)
+    events = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
+    assert events[0]["choices"], "the first chunk is passed on"
+    assert "error" in events[-1], f"the client must learn the answer was cut off: {events}"
+
+
+# --- request errors ------------------------------------------------------------------------
+
+
+def test_an_unknown_model_is_404_naming_the_closest(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("chat-b"))
+    assert answer.status_code == 404
+    error = error_of(answer)
+    assert "chat-a" in error["message"] and error["param"] == "model"
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b"[1, 2]", b'{"messages": []}'])
+def test_a_missing_or_malformed_body_is_400(gw: Gateway, content: bytes) -> None:
+    answer = httpx.post(
+        gw.url + "/v1/chat/completions",
+        content=content,
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
+    assert answer.status_code == 400
+    error_of(answer)
+
+
+def test_a_body_over_the_limit_is_413(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("plain", padding="x" * 70000))
+    assert answer.status_code == 413
+    assert "65536" in error_of(answer)["message"]
+
+
+def test_max_tokens_over_the_models_limit_is_400_naming_it(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("chat-a", max_tokens=500))
+    assert answer.status_code == 400
+    error = error_of(answer)
+    assert "100" in error["message"] and error["param"] == "max_tokens"
+    assert post(gw, "/v1/chat/completions", chat("chat-a", max_tokens=100)).status_code == 200
+
+
+def test_an_embedding_model_on_the_chat_endpoint_is_400(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("embed"))
+    assert answer.status_code == 400
+    assert "/v1/embeddings" in error_of(answer)["message"]
+
+
+def test_an_unknown_path_answers_in_openais_shape(gw: Gateway) -> None:
+    answer = httpx.get(gw.url + "/v2/nothing", timeout=10)
+    assert answer.status_code == 404
+    error_of(answer)
+
+
+def test_admin_is_closed_without_a_token(gw: Gateway) -> None:
+    answer = httpx.post(gw.url + "/admin/plan", content=b"{}", timeout=10)
+    assert answer.status_code == 403
+    assert "LLMGW_ADMIN_TOKEN" in error_of(answer)["message"]
+
+
+# --- headers, logs, probes, metrics --------------------------------------------------------
+
+
+def test_every_v1_answer_carries_the_plan_digest(gw: Gateway) -> None:
+    for answer in (
+        httpx.get(gw.url + "/v1/models", timeout=10),
+        post(gw, "/v1/chat/completions", chat("plain")),
+        post(gw, "/v1/chat/completions", chat("no-such-model")),
+    ):
+        assert answer.headers[DIGEST_HEADER] == gw.env["digest"]
+
+
+def test_request_ids_are_honoured_generated_and_logged(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("plain"), headers={"X-Request-Id": "req-42"})
+    assert answer.headers["X-Request-Id"] == "req-42"
+    generated = post(gw, "/v1/chat/completions", chat("plain")).headers["X-Request-Id"]
+    assert generated and generated != "req-42"
+
+    def logged() -> dict[str, Any] | None:
+        return next((r for r in gw.access_lines() if r.get("request_id") == "req-42"), None)
+
+    line = wait_until(logged, 10, "the access log line for req-42")
+    assert line["model"] == "plain" and line["status"] == 200
+    assert line["replica"].startswith("http://127.0.0.3:")
+    assert line["duration_ms"] >= line["ttfb_ms"] >= 0
+
+
+def test_probes_say_alive_and_which_plan_is_served(gw: Gateway) -> None:
+    assert httpx.get(gw.url + "/healthz", timeout=10).status_code == 200
+    ready = httpx.get(gw.url + "/readyz", timeout=10)
+    assert ready.status_code == 200
+    assert ready.json()["digest"] == gw.env["digest"]
+    assert ready.json()["loaded_at"]
+
+
+def test_metrics_count_requests_errors_and_the_plan(gw: Gateway) -> None:
+    post(gw, "/v1/chat/completions", chat("plain"))
+    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    assert 'llmgw_requests_total{model="plain",status="200"}' in text
+    assert "llmgw_request_duration_seconds_bucket" in text
+    assert "llmgw_time_to_first_byte_seconds_bucket" in text
+    assert f'llmgw_plan_info{{digest="{gw.env["digest"]}"' in text
+    assert "llmgw_replica_healthy" in text
+
+
+def test_metrics_count_upstream_errors(gw: Gateway) -> None:
+    post(gw, "/v1/chat/completions", chat("failover-5xx"))
+    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    assert "llmgw_upstream_errors_total" in text
