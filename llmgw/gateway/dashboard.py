@@ -305,8 +305,11 @@ class _StaticResource:
 def add_dashboard_routes(
     app: falcon.asgi.App, snapshot: Callable[[], DashboardSnapshot]
 ) -> None:
-    """Mount GET / (the page), GET /dashboard/status.json and /dashboard/static/{name}."""
+    """Mount the page at GET / and GET /dashboard, its status JSON and its static assets."""
     views = _Views()
-    app.add_route("/", _PageResource(snapshot, views))
+    page = _PageResource(snapshot, views)
+    app.add_route("/", page)
+    # Error messages point people at /dashboard; it is the same page.
+    app.add_route("/dashboard", page)
     app.add_route(STATUS_PATH, _StatusResource(snapshot, views))
     app.add_route(STATIC_PREFIX + "/{name}", _StaticResource(_STATIC))

@@ -202,6 +202,10 @@ MEASURE = """() => {
   });
 }"""
 
+# Where each column starts and how wide it is, from the header cells.
+COLUMNS = """() => [...document.querySelectorAll("table.models thead th")]
+  .map(th => { const r = th.getBoundingClientRect(); return [Math.round(r.left), Math.round(r.width)]; })"""
+
 OVERFLOW = "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
 
@@ -236,6 +240,11 @@ def test_a_long_description_wraps_in_its_own_row_and_never_wraps_the_columns(
     assert abs(long["rowHeight"] - short["rowHeight"]) < 2, (
         f"the row with a long description is {long['rowHeight']}px tall, a short one "
         f"{short['rowHeight']}px: the description is stretching its model row"
+    )
+    before = desktop.page.evaluate(COLUMNS)
+    desktop.page.evaluate("() => document.querySelectorAll('.desc').forEach(d => d.textContent = 'x')")
+    assert desktop.page.evaluate(COLUMNS) == before, (
+        "the columns moved when the descriptions got shorter: descriptions are sizing columns"
     )
     assert desktop.page.evaluate(OVERFLOW) <= 0, "the page scrolls sideways on a desktop"
 

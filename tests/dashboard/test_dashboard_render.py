@@ -189,9 +189,11 @@ def _app(snap) -> falcon.asgi.App:  # type: ignore[no-untyped-def]
     return app
 
 
-def test_page_is_html_with_a_policy_that_runs_only_its_own_script() -> None:
-    result = falcon.testing.TestClient(_app(snapshot)).simulate_get("/")
+@pytest.mark.parametrize("path", ["/", "/dashboard"])
+def test_page_is_html_with_a_policy_that_runs_only_its_own_script(path: str) -> None:
+    result = falcon.testing.TestClient(_app(snapshot)).simulate_get(path)
     assert result.status_code == 200
+    assert list(model_groups(parse(result.text)))[0] == "llama-3.1-8b"
     assert result.headers["content-type"].startswith("text/html")
     csp = result.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp
