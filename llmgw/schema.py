@@ -13,7 +13,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-_PACKAGED = Path(__file__).parent / "schema"  # inside the wheel
+_PACKAGED = Path(__file__).parent / "_schemas"  # inside the wheel
 _SOURCE_TREE = Path(__file__).parent.parent / "schema"  # a checkout or editable install
 
 
