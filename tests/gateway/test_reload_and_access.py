@@ -1,0 +1,276 @@
+"""Deploys and reloads under load, API keys, the admin token, and `llmgw deploy`/`serve`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from harness import (
+    DIGEST_HEADER,
+    ROOT,
+    Engine,
+    Gateway,
+    free_port,
+    gateway,
+    key_digest,
+    model,
+    plan,
+    profile,
+    stop,
+    subprocess_env,
+    wait_until,
+    write_plan,
+)
+from harness import engine as start_engine
+
+ADMIN = "admin-secret"
+KEY = "sk-test-key"
+
+
+def plan_on(url: str, served: str = "chat") -> dict[str, Any]:
+    return plan(
+        [
+            model("chat", [profile([url], served)], aliases=["default"], max_output=512),
+            model("embed", [profile([url], "embed")], task="embedding"),
+        ]
+    )
+
+
+@pytest.fixture
+def served(tmp_path: Path, engine_a: Engine) -> Iterator[tuple[Gateway, dict[str, Any]]]:
+    doc = plan_on(engine_a.url)
+    path = tmp_path / "plan.json"
+    write_plan(path, doc)
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"# test keys\n{key_digest(KEY)}\n")
+    with gateway(path, LLMGW_API_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN) as gw:
+        yield gw, doc
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+class Hammer:
+    """Clients sending requests the whole time a test runs; every answer must be a 200."""
+
+    def __init__(self, url: str, threads: int = 4) -> None:
+        self.url = url
+        self.stopping = threading.Event()
+        self.failures: list[str] = []
+        self.count = 0
+        self.threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30, headers=auth()) as client:
+            while not self.stopping.is_set():
+                body = {"model": "default", "messages": [], "stream": self.count % 2 == 0}
+                try:
+                    answer = client.post(self.url + "/v1/chat/completions", json=body)
+                    if answer.status_code != 200:
+                        self.failures.append(f"{answer.status_code} {answer.text[:200]}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(repr(exc))
+                self.count += 1
+
+    def __enter__(self) -> Hammer:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(30)
+
+
+def every_worker_serves(gw: Gateway, digest: str) -> bool:
+    # Connections are spread over the workers; twenty agreeing answers mean all of them do.
+    for _ in range(20):
+        with httpx.Client(timeout=10) as fresh:  # a new connection, so maybe a new worker
+            if fresh.get(gw.url + "/readyz").json()["digest"] != digest:
+                return False
+    return True
+
+
+def test_a_replaced_plan_is_served_by_every_worker_and_no_request_fails(
+    served: tuple[Gateway, dict[str, Any]], engine_b: Engine
+) -> None:
+    gw, _ = served
+    new = plan_on(engine_b.url, served="chat-on-b")
+    with Hammer(gw.url) as hammer:
+        write_plan(gw.plan_path, new)
+        # The promise is two seconds; the wait is longer so a loaded CI machine still passes.
+        wait_until(lambda: every_worker_serves(gw, new["digest"]), 8, "every worker to reload")
+        answer = httpx.post(
+            gw.url + "/v1/chat/completions",
+            headers=auth(),
+            timeout=30,
+            json={"model": "chat", "messages": []},
+        )
+        assert answer.json()["model"] == "chat-on-b"
+        assert answer.headers[DIGEST_HEADER] == new["digest"]
+    assert hammer.count > 0
+    assert not hammer.failures, hammer.failures[:5]
+
+
+def test_a_bad_plan_is_refused_and_the_old_one_keeps_serving(
+    served: tuple[Gateway, dict[str, Any]],
+) -> None:
+    gw, doc = served
+    with Hammer(gw.url) as hammer:
+        tampered = dict(doc, models=doc["models"][:1])  # digest no longer matches
+        write_plan(gw.plan_path, tampered)
+
+        def refused() -> dict[str, Any] | None:
+            ready = httpx.get(gw.url + "/readyz", timeout=10).json()
+            return ready if ready["last_reload"]["result"] == "refused" else None
+
+        ready = wait_until(refused, 8, "/readyz to report the refused plan")
+        assert ready["digest"] == doc["digest"]
+        assert "digest" in ready["last_reload"]["reason"]
+        assert every_worker_serves(gw, doc["digest"])
+    assert not hammer.failures, hammer.failures[:5]
+    assert "refused a new plan" in gw.log()
+    metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+    assert 'llmgw_plan_reloads_total{result="refused"}' in metrics
+
+
+def test_a_request_in_flight_finishes_on_the_replica_it_started_on(
+    served: tuple[Gateway, dict[str, Any]], engine_a: Engine, engine_b: Engine
+) -> None:
+    gw, _ = served
+    body = {"model": "chat", "messages": [], "stream": True, "fake_chunks": 8, "fake_chunk_delay": 0.4}
+    with httpx.stream(
+        "POST", gw.url + "/v1/chat/completions", json=body, headers=auth(), timeout=30
+    ) as answer:
+        lines = answer.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        write_plan(gw.plan_path, plan_on(engine_b.url))
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    assert len(rest) == 8, "seven more chunks and [DONE], all from the first replica"
+    assert all('"system_fingerprint": "a"' in line for line in rest[:-1])
+
+
+def test_v1_needs_a_listed_api_key(served: tuple[Gateway, dict[str, Any]]) -> None:
+    gw, _ = served
+    url = gw.url + "/v1/models"
+    assert httpx.get(url, timeout=10).status_code == 401
+    wrong = httpx.get(url, headers={"Authorization": "Bearer sk-wrong"}, timeout=10)
+    assert wrong.status_code == 401
+    assert wrong.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(url, headers=auth(), timeout=10).status_code == 200
+    assert httpx.get(gw.url + "/healthz", timeout=10).status_code == 200, "probes need no key"
+
+
+def test_admin_needs_the_admin_token(served: tuple[Gateway, dict[str, Any]]) -> None:
+    gw, doc = served
+    for headers in ({}, auth(), {"Authorization": "Bearer wrong"}):
+        answer = httpx.post(gw.url + "/admin/plan", json=doc, headers=headers, timeout=10)
+        assert answer.status_code == 401
+
+
+def test_deploy_serves_a_good_plan_and_refuses_a_bad_one(
+    served: tuple[Gateway, dict[str, Any]], engine_b: Engine
+) -> None:
+    gw, doc = served
+    new = plan_on(engine_b.url, served="deployed")
+    new_path = gw.plan_path.with_name("new.json")
+    write_plan(new_path, new)
+    cli = [sys.executable, "-m", "llmgw", "deploy", str(new_path), "--gateway", gw.url]
+    env = subprocess_env(LLMGW_ADMIN_TOKEN=ADMIN)
+    done = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert new["digest"] in done.stdout
+    wait_until(lambda: every_worker_serves(gw, new["digest"]), 8, "every worker to reload")
+    assert gw.plan_path.read_text() == new_path.read_text(), "the plan file itself is replaced"
+
+    bad_path = gw.plan_path.with_name("bad.json")
+    bad_path.write_text('{"format_version": "1"}')
+    refused = subprocess.run(
+        [*cli[:4], str(bad_path), *cli[5:]], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert refused.returncode != 0
+    assert "refused" in refused.stderr and "schema" in refused.stderr
+    assert httpx.get(gw.url + "/readyz", timeout=10).json()["digest"] == new["digest"]
+
+
+def test_the_official_openai_client_works_against_the_gateway(
+    served: tuple[Gateway, dict[str, Any]],
+) -> None:
+    gw, _ = served
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+    assert {m.id for m in client.models.list()} == {"chat", "embed"}
+    reply = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "hello from a"
+    stream = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == "tok0 tok1 tok2 "
+    assert len(client.embeddings.create(model="embed", input=["a", "b"]).data) == 2
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[])
+    with pytest.raises(openai.BadRequestError, match="512"):
+        client.chat.completions.create(model="chat", messages=[], max_tokens=9999)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-bad", max_retries=0).models.list()
+
+
+def test_llmgw_serve_runs_the_gateway(tmp_path: Path) -> None:
+    with start_engine("solo", "127.0.0.8") as solo:
+        path = tmp_path / "plan.json"
+        write_plan(path, plan_on(solo.url))
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llmgw",
+                "serve",
+                "--plan",
+                str(path),
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                "1",
+            ],
+            env=subprocess_env(),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_until(
+                lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200, 30, "llmgw serve to come up"
+            )
+            answer = httpx.post(
+                url + "/v1/chat/completions", timeout=30, json={"model": "chat", "messages": []}
+            )
+            assert answer.json()["system_fingerprint"] == "solo"
+        finally:
+            stop(proc)
+
+
+def test_llmgw_serve_refuses_a_bad_plan_in_one_sentence(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text("{}")
+    done = subprocess.run(
+        [sys.executable, "-m", "llmgw", "serve", "--plan", str(path), "--bind", f"127.0.0.1:{free_port()}"],
+        env=subprocess_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "llmgw plan" in done.stderr
