@@ -2,8 +2,9 @@
 
 A reviewer of a catalogue pull request cares about what the gateway will serve differently,
 not about which bytes of the plan moved. So the diff compares resources (models and nodes)
-by name and each field by meaning; the plan's provenance (digest, inputs, generated_by) and
-the nodes' derived `used` totals are not changes of their own.
+by name and each field by meaning. The plan's provenance (digest, inputs, generated_by, a
+model's `file`) and the nodes' derived `used` totals are not changes of their own: the same
+catalogue planned from another directory names its files differently.
 
 Nothing here prints; `llmgw.report.diff_formats` turns a PlanDiff into text, markdown or JSON.
 """
@@ -32,7 +33,6 @@ MODEL_FIELDS = (
     "context_length",
     "max_output",
     "replicas",
-    "file",
 )
 PROFILE_FIELDS = (
     "engine",
@@ -204,15 +204,11 @@ def _diff_model(old: dict[str, Any], new: dict[str, Any]) -> ResourceChange | No
         before = _flat_profile(old_profiles[p["name"]])
         fields.extend(_diff_fields(before, _flat_profile(p), PROFILE_FIELDS, profile=p["name"]))
         replicas.extend(
-            _diff_replicas(
-                p["name"], old_profiles[p["name"]].get("replicas", []), p.get("replicas", [])
-            )
+            _diff_replicas(p["name"], old_profiles[p["name"]].get("replicas", []), p.get("replicas", []))
         )
     for p in old.get("profiles", []):
         if p["name"] not in new_profiles:
-            profiles.append(
-                ProfileChange("remove", p["name"], p["engine"], p.get("external", False))
-            )
+            profiles.append(ProfileChange("remove", p["name"], p["engine"], p.get("external", False)))
     warnings = _diff_warnings(old.get("warnings", []), new.get("warnings", []))
     if not (fields or profiles or replicas or warnings):
         return None
@@ -306,9 +302,7 @@ def _diff_replicas(
     return changes
 
 
-def _diff_warnings(
-    old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]
-) -> tuple[WarningChange, ...]:
+def _diff_warnings(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> tuple[WarningChange, ...]:
     before = {(w["rule"], w["message"]) for w in old}
     after = {(w["rule"], w["message"]) for w in new}
     return (
@@ -321,9 +315,7 @@ def _diff_node(old: dict[str, Any], new: dict[str, Any]) -> ResourceChange | Non
     fields = _diff_fields(old, new, NODE_FIELDS)
     if not fields:
         return None
-    return ResourceChange(
-        "node", new["name"], "change", facts=_node_facts(new), fields=tuple(fields)
-    )
+    return ResourceChange("node", new["name"], "change", facts=_node_facts(new), fields=tuple(fields))
 
 
 def read_side(path: Path | str) -> dict[str, Any]:

@@ -133,10 +133,7 @@ def test_markdown_has_a_table_and_folds_long_diffs() -> None:
     assert "| `~` | model `llama-3.1-8b` | description changed; replicas 2 → 3;" in short
     assert "<details>" not in short and "```diff\n+ model phi-4" in short
     many = plan(
-        [
-            model(f"m{i:02}", [replica("cpu-1", "127.0.0.11", 8001 + i)])
-            for i in range(FOLD_AFTER_LINES)
-        ],
+        [model(f"m{i:02}", [replica("cpu-1", "127.0.0.11", 8001 + i)]) for i in range(FOLD_AFTER_LINES)],
         CPU,
     )
     long = diff_markdown(diff_plans(EMPTY_PLAN, many))

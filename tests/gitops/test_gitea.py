@@ -27,9 +27,7 @@ def gitea_env(gitea: FakeGitea, tmp_path: Path, number: int = 7) -> dict[str, st
 def post(tmp_path: Path, gitea: Any, body: str, **env: str) -> Any:
     body_file = tmp_path / "comment.md"
     body_file.write_text(body)
-    return run_llmgw(
-        "pr-comment", "--body-file", body_file, **{**gitea_env(gitea, tmp_path), **env}
-    )
+    return run_llmgw("pr-comment", "--body-file", body_file, **{**gitea_env(gitea, tmp_path), **env})
 
 
 def test_first_run_creates_the_comment_and_later_runs_update_it(tmp_path: Path) -> None:

@@ -1,0 +1,348 @@
+"""The Gitea workflows: valid, limited to what Gitea Actions supports, and each one run.
+
+Every `run:` step is executed as written, in a real git repository with a base and a
+head commit, against local stand-ins for Gitea's API and the gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.gitea import DEFAULT_MARKER
+from tests.conftest import REPO, run_llmgw
+from tests.gitops.runner import EXPRESSION, JobRun, load_workflow, run_job
+from tests.gitops.servers import FakeGateway, FakeGitea, serve
+
+WORKFLOWS = REPO / ".gitea" / "workflows"
+LINT, DEPLOY, CI = WORKFLOWS / "lint.yml", WORKFLOWS / "deploy.yml", WORKFLOWS / "ci.yml"
+
+# --- What Gitea Actions supports ------------------------------------------------------
+# From Gitea's "Compared to GitHub Actions": these keys are ignored, so a workflow that
+# relies on them promises what Gitea will not do.
+IGNORED_TOP_LEVEL = {"concurrency", "run-name", "permissions"}
+IGNORED_JOB_KEYS = {"concurrency", "permissions", "timeout-minutes", "continue-on-error", "environment"}
+EVENTS = {"push", "pull_request", "pull_request_target", "schedule", "release", "issues"}
+RUNS_ON = {"ubuntu-latest", "ubuntu-24.04", "ubuntu-22.04"}
+ACTIONS = {"actions/checkout@v4", "actions/setup-python@v5"}
+CONTEXTS = ("github.", "gitea.", "vars.", "secrets.", "env.", "runner.", "steps.", "needs.")
+
+
+def all_workflows() -> list[Path]:
+    return sorted(WORKFLOWS.glob("*.yml"))
+
+
+def expressions_in(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [e for k, v in node.items() for e in expressions_in(k) + expressions_in(v)]
+    if isinstance(node, list):
+        return [e for v in node for e in expressions_in(v)]
+    return EXPRESSION.findall(node) if isinstance(node, str) else []
+
+
+def test_the_three_workflows_exist() -> None:
+    assert [p.name for p in all_workflows()] == ["ci.yml", "deploy.yml", "lint.yml"]
+
+
+def test_workflows_match_the_workflow_schema() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-workflows",
+            *map(str, all_workflows()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("path", all_workflows(), ids=lambda p: p.name)
+def test_workflow_uses_only_what_gitea_actions_supports(path: Path) -> None:
+    doc = load_workflow(path)
+    assert not IGNORED_TOP_LEVEL & doc.keys(), f"{path.name}: Gitea ignores {IGNORED_TOP_LEVEL & doc.keys()}"
+    on = doc.get("on", doc.get(True))  # YAML 1.1 readers take a bare `on` for true
+    assert set(on) <= EVENTS, f"{path.name}: events Gitea does not run: {set(on) - EVENTS}"
+    for name, job in doc["jobs"].items():
+        assert not IGNORED_JOB_KEYS & job.keys(), (
+            f"{path.name} job {name}: Gitea ignores {IGNORED_JOB_KEYS & job.keys()}"
+        )
+        runs_on = job["runs-on"]
+        runs_on = runs_on[0] if isinstance(runs_on, list) and len(runs_on) == 1 else runs_on
+        assert runs_on in RUNS_ON, f"{path.name} job {name}: runs-on {runs_on!r} is not a plain runner label"
+        for step in job["steps"]:
+            if "uses" in step:
+                assert step["uses"] in ACTIONS, f"{path.name}: {step['uses']} is not known to work on Gitea"
+            assert "continue-on-error" not in step, f"{path.name}: use `set +e` in the script instead"
+            condition = str(step.get("if", "always()"))
+            assert condition in ("always()", "${{ always() }}"), (
+                f"{path.name}: `if: {condition}`; always() is the only status function every Gitea has"
+            )
+    for expr in expressions_in(doc):
+        assert "hashFiles" not in expr, f"{path.name}: Gitea's hashFiles returns an empty string"
+        assert expr.startswith(CONTEXTS), f"{path.name}: ${{{{ {expr} }}}} uses a context Gitea lacks"
+
+
+def test_the_review_comments_on_the_pull_request() -> None:
+    steps = load_workflow(LINT)["jobs"]["review"]["steps"]
+    assert any("llmgw pr-comment" in s.get("run", "") for s in steps), "reviewers read the comment"
+    assert set(load_workflow(LINT).get("on", load_workflow(LINT).get(True))["pull_request"]["paths"]) >= {
+        "catalog/**",
+        "schema/**",
+        "fleet.yaml",
+    }
+
+
+# --- A real repository with a base and a head commit -----------------------------------
+
+PHI_4 = """\
+name: phi-4
+description: Small reasoning model for short, careful answers on CPU.
+aliases: [phi4]
+task: chat
+source: hf://bartowski/phi-4-GGUF/phi-4-Q4_K_M.gguf
+weights_bytes: 9053116000
+context_length: 8192
+replicas: 1
+profiles:
+  - name: cpu
+    engine: llamacpp
+    ctx_size: 8192
+    node_selector: {pool: cpu}
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    proc = subprocess.run(
+        ["git", "-c", "user.name=Test", "-c", "user.email=test@example.invalid", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return proc.stdout.strip()
+
+
+def commit_all(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """The bundled catalogue, fleet, schema and workflows as the base commit on main."""
+    repo = tmp_path / "models"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for name in ("catalog", "schema", ".gitea"):
+        shutil.copytree(REPO / name, repo / name)
+    shutil.copy(REPO / "fleet.yaml", repo / "fleet.yaml")
+    commit_all(repo, "base")
+    return repo
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path.name} no longer holds {old!r}; update the test's edit"
+    path.write_text(text.replace(old, new, 1))
+
+
+def open_pull_request(repo: Path) -> str:
+    """A feature branch: one model added, one removed, three changed. Returns the base sha."""
+    base = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "feature")
+    catalog = repo / "catalog"
+    (catalog / "phi-4.yaml").write_text(PHI_4)
+    (catalog / "deepseek-coder-v2-lite.yaml").unlink()
+    edit(catalog / "llama-3.1-8b.yaml", "General chat, fast and cheap;", "General chat, fast;")
+    edit(catalog / "qwen2.5-coder-7b.yaml", "replicas: 2", "replicas: 3")
+    edit(
+        catalog / "mistral-7b-instruct.yaml",
+        "aliases: [mistral]",
+        "description: Kept for the team migrating off it.\naliases: [mistral]",
+    )
+    commit_all(repo, "catalogue changes")
+    return base
+
+
+def review(repo: Path, tmp_path: Path, gitea: FakeGitea, base: str, run: str = "1") -> JobRun:
+    event = tmp_path / f"event{run}.json"
+    event.write_text(json.dumps({"pull_request": {"number": 7, "base": {"sha": base}}}))
+    return run_job(
+        LINT,
+        "review",
+        workspace=repo,
+        temp=tmp_path / f"run{run}",
+        env={
+            "GITHUB_SERVER_URL": gitea.url,
+            "GITHUB_REPOSITORY": f"{gitea.owner}/{gitea.repo}",
+            "GITHUB_EVENT_PATH": str(event),
+        },
+        expressions={
+            "github.event.pull_request.base.sha": base,
+            "secrets.GITHUB_TOKEN": gitea.token,
+        },
+    )
+
+
+def test_a_pull_request_gets_one_comment_with_lint_and_plan_diff(repo: Path, tmp_path: Path) -> None:
+    base = open_pull_request(repo)
+    with serve(FakeGitea()) as gitea:
+        job = review(repo, tmp_path, gitea, base)
+    assert job.succeeded, job
+    [comment] = gitea.comments[7]
+    body = comment["body"]
+    assert body.startswith(DEFAULT_MARKER + "\n### Lint:"), body
+    assert "### Plan: 1 to add, 3 to change, 1 to remove" in body, body
+    assert "+ model phi-4 (chat, 1 replica)" in body, body
+    assert "- model deepseek-coder-v2-lite" in body, body
+    assert '    description: (none) → "Kept for the team migrating off it."' in body, body
+    assert "    replicas: 2 → 3" in body, body
+    assert "~ replica" not in body, "planned with the base as --previous, nothing else moves"
+    assert job.summary == body.removeprefix(DEFAULT_MARKER + "\n"), "the summary is the comment"
+    assert "1 to add, 3 to change, 1 to remove." in job.step("Diff").stdout, job
+
+
+def test_a_second_push_updates_the_same_comment(repo: Path, tmp_path: Path) -> None:
+    base = open_pull_request(repo)
+    with serve(FakeGitea()) as gitea:
+        assert review(repo, tmp_path, gitea, base, run="1").succeeded
+        edit(repo / "catalog" / "phi-4.yaml", "replicas: 1", "replicas: 2")
+        commit_all(repo, "two replicas of phi-4")
+        second = review(repo, tmp_path, gitea, base, run="2")
+    assert second.succeeded, second
+    assert "Updated comment" in second.step("Comment on the pull request").stderr, second
+    [comment] = gitea.comments[7]
+    assert "+ model phi-4 (chat, 2 replicas)" in comment["body"]
+
+
+def test_lint_errors_are_in_the_comment_and_fail_the_job(repo: Path, tmp_path: Path) -> None:
+    base = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "broken")
+    edit(repo / "catalog" / "llama-3.1-8b.yaml", "replicas: 2", "replicas: 0")
+    commit_all(repo, "zero replicas")
+    with serve(FakeGitea()) as gitea:
+        job = review(repo, tmp_path, gitea, base)
+    assert not job.succeeded, job
+    assert job.steps[-1].name == "Fail on lint errors", job
+    assert "::error" in job.step("Lint").stdout, job
+    [comment] = gitea.comments[7]
+    assert "| **error** | `catalog/llama-3.1-8b.yaml:" in comment["body"], comment["body"]
+    assert "No plan was written" in comment["body"], comment["body"]
+
+
+def test_a_base_without_a_catalogue_shows_everything_added(repo: Path, tmp_path: Path) -> None:
+    git(repo, "checkout", "-q", "--orphan", "empty")
+    git(repo, "rm", "-rqf", ".")
+    (repo / "README").write_text("empty\n")
+    git(repo, "add", "README")
+    base = commit_all(repo, "nothing yet")
+    git(repo, "checkout", "-q", "-f", "main")
+    git(repo, "checkout", "-q", "-b", "first")
+    git(repo, "merge", "-q", "--allow-unrelated-histories", "-m", "merge", base)
+    with serve(FakeGitea()) as gitea:
+        job = review(repo, tmp_path, gitea, base)
+    assert job.succeeded, job
+    assert "### Plan: 15 to add, 0 to change, 0 to remove" in gitea.comments[7][0]["body"]
+
+
+# --- Deploy on merge --------------------------------------------------------------------
+
+
+def deploy(repo: Path, tmp_path: Path, gateway: FakeGateway, url: str | None = None) -> JobRun:
+    # `llmgw deploy` is the gateway's own command; until it exists, everything up to it runs.
+    has_deploy = run_llmgw("deploy", "--help").code == 0
+    return run_job(
+        DEPLOY,
+        "deploy",
+        workspace=repo,
+        temp=tmp_path / "deploy",
+        env={},
+        expressions={
+            "vars.LLMGW_GATEWAY_URL": gateway.url if url is None else url,
+            "secrets.LLMGW_ADMIN_TOKEN": gateway.token,
+        },
+        stop_before=None if has_deploy else "Deploy",
+    )
+
+
+def deployed_plan(tmp_path: Path) -> dict[str, Any]:
+    return json.loads((tmp_path / "deploy" / "runner" / "llmgw-deploy" / "plan.json").read_text())
+
+
+def test_a_first_deploy_plans_without_previous(repo: Path, tmp_path: Path) -> None:
+    with serve(FakeGateway()) as gateway:
+        job = deploy(repo, tmp_path, gateway)
+    assert job.succeeded, job
+    assert "serves no plan yet" in job.step("Fetch the deployed plan").stdout, job
+    assert "previous" not in deployed_plan(tmp_path)["inputs"]
+    assert "15 to add" in job.step("Show what changes").stdout, job
+
+
+def test_deploy_keeps_replicas_where_the_served_plan_has_them(repo: Path, tmp_path: Path) -> None:
+    served = json.loads(
+        run_llmgw("plan", repo / "catalog", "--fleet", repo / "fleet.yaml", "--out", "-").stdout
+    )
+    (repo / "catalog" / "phi-4.yaml").write_text(PHI_4)
+    commit_all(repo, "add phi-4")
+    with serve(FakeGateway(plan=served)) as gateway:
+        job = deploy(repo, tmp_path, gateway)
+        posts = gateway.posts
+    assert job.succeeded, job
+    assert deployed_plan(tmp_path)["inputs"]["previous"] == served["digest"]
+    assert job.step("Show what changes").stdout.endswith("1 to add, 0 to change, 0 to remove.\n"), job
+    if any(s.name == "Deploy" for s in job.steps):
+        assert [p["digest"] for p in posts] == [deployed_plan(tmp_path)["digest"]]
+
+
+def test_deploy_fails_when_the_gateway_refuses_the_plan(repo: Path, tmp_path: Path) -> None:
+    if run_llmgw("deploy", "--help").code != 0:
+        pytest.skip("`llmgw deploy` is not written yet (the gateway engineer's command)")
+    with serve(FakeGateway(refuse_with="model x needs 900 GB")) as gateway:
+        job = deploy(repo, tmp_path, gateway)
+    assert not job.succeeded and job.steps[-1].name == "Deploy", job
+
+
+def test_deploy_without_the_gateway_variable_says_which_setting(repo: Path, tmp_path: Path) -> None:
+    with serve(FakeGateway()) as gateway:
+        job = deploy(repo, tmp_path, gateway, url="")
+    assert not job.succeeded, job
+    assert "LLMGW_GATEWAY_URL is not set" in job.step("Check the gateway is configured").stdout, job
+    assert gateway.posts == []
+
+
+def test_deploy_stops_when_the_served_plan_cannot_be_fetched(repo: Path, tmp_path: Path) -> None:
+    gateway = FakeGateway(token="another-token")  # the secret is not the gateway's token
+    with serve(gateway):
+        job = run_job(
+            DEPLOY,
+            "deploy",
+            workspace=repo,
+            temp=tmp_path / "deploy",
+            env={},
+            expressions={"vars.LLMGW_GATEWAY_URL": gateway.url, "secrets.LLMGW_ADMIN_TOKEN": "wrong"},
+        )
+    assert not job.succeeded and job.steps[-1].name == "Fetch the deployed plan", job
+    assert "answered HTTP 401" in job.steps[-1].stdout, job
+
+
+# --- The project's own tests ------------------------------------------------------------
+
+
+def test_ci_runs_ruff_and_pytest() -> None:
+    runs = [s.get("run", "") for s in load_workflow(CI)["jobs"]["test"]["steps"]]
+    assert any(re.search(r"\bpytest\b", r) for r in runs) and any("ruff check" in r for r in runs)
+    assert any('".[dev]"' in r for r in runs), "tests need the dev extras"
