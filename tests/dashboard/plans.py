@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llmgw.plan import plan_digest
+
+REPO = Path(__file__).resolve().parents[2]
 
 LONG_DESCRIPTION = (
     "Long-context chat for whole repositories and contracts. "
@@ -112,3 +120,38 @@ def sample_models(endpoints: list[str]) -> list[dict[str, Any]]:
             description=None,
         ),
     ]
+
+
+def bundled_plan() -> dict[str, Any]:
+    """The plan `llmgw plan` writes for the bundled catalogue and fleet."""
+    import llmgw.plan
+
+    if not hasattr(llmgw.plan, "build_plan"):
+        pytest.skip("the plan compiler (llmgw.plan.build_plan) is not written yet")
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmgw", "plan", "catalog", "--fleet", "fleet.yaml", "--out", "-"],
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, f"`llmgw plan` failed on the bundled catalogue:\n{proc.stderr}"
+    plan: dict[str, Any] = json.loads(proc.stdout)
+    return plan
+
+
+def endpoints_of(plan: dict[str, Any]) -> list[str]:
+    seen = [r["endpoint"] for m in plan["models"] for p in m["profiles"] for r in p["replicas"]]
+    return list(dict.fromkeys(seen))
+
+
+def repoint(plan: dict[str, Any], to: dict[str, str]) -> dict[str, Any]:
+    """The same plan with replica endpoints replaced (by fake upstreams), digest recomputed."""
+    plan = json.loads(json.dumps(plan))
+    for m in plan["models"]:
+        for p in m["profiles"]:
+            for r in p["replicas"]:
+                r["endpoint"] = to[r["endpoint"]]
+    plan["digest"] = plan_digest(plan)
+    return plan

@@ -20,9 +20,12 @@ import pytest
 
 from tests.dashboard.plans import (
     HOSTILE_DESCRIPTION,
+    bundled_plan,
+    endpoints_of,
     make_model,
     make_plan,
     make_profile,
+    repoint,
     sample_models,
 )
 from tests.dashboard.upstream import FakeUpstream
@@ -343,3 +346,47 @@ def test_a_new_plan_being_served_is_announced_rather_than_mixed_into_the_old_pag
     desktop.page.reload()
     notice.wait_for(state="hidden", timeout=LIVE_TIMEOUT_MS)
     assert desktop.errors == []
+
+
+def test_bundled_catalogue_reads_well_and_is_the_readme_screenshot(
+    browser: Any, tmp_path: Path
+) -> None:
+    plan = bundled_plan()
+    endpoints = endpoints_of(plan)
+    upstreams = [FakeUpstream() for _ in endpoints]
+    # One replica down, so the screenshot shows what partial health looks like.
+    upstreams[1].healthy = False
+    plan = repoint(plan, {e: u.endpoint for e, u in zip(endpoints, upstreams, strict=True)})
+    write_plan(tmp_path / "plan.json", plan)
+    gw = Gateway(tmp_path / "plan.json", upstreams, tmp_path / "gateway.log")
+    page = None
+    try:
+        _wait_for_status(gw, lambda s: sum(m["healthy"] for m in s["models"].values())
+                         == len(endpoints) - 1)
+        page = Page(browser, gw.url, 1280, 800)
+        page.screenshot("dashboard-catalogue.png")
+        rows = page.page.evaluate(MEASURE)
+        assert [r["name"] for r in rows] == [m["name"] for m in plan["models"]]
+        for r in rows:
+            assert abs(r["descTop"] - r["rowBottom"]) < 0.5, f"{r['name']}: description drifted"
+            wrapped = {col: n for col, n in r["cellLines"].items() if n != 1}
+            assert not wrapped, f"{r['name']}: columns wrapped: {wrapped}"
+        undescribed = page.page.locator(".desc.undescribed")
+        assert undescribed.count() == 1
+        assert page.page.evaluate(OVERFLOW) <= 0
+        assert page.errors == []
+    finally:
+        if page is not None:
+            page.close()
+        gw.close()
+        for u in upstreams:
+            u.close()
+
+
+def _wait_for_status(gw: Gateway, ready: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready(httpx.get(gw.url + "/dashboard/status.json", timeout=2).json()):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the gateway's health never settled to what the upstreams answer")

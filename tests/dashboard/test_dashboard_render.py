@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import falcon.asgi
 import falcon.testing
 import pytest
@@ -21,13 +16,13 @@ from llmgw.gateway.dashboard import (
 from tests.dashboard.html_tree import Node, parse
 from tests.dashboard.plans import (
     HOSTILE_DESCRIPTION,
+    bundled_plan,
     make_model,
     make_plan,
     make_profile,
     sample_models,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 ENDPOINTS = [f"http://127.0.0.1:{9100 + i}" for i in range(6)]
 LOADED_AT = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -234,25 +229,8 @@ def test_assets_are_served_with_their_types_and_revalidate_by_etag() -> None:
     assert missing.status_code == 404 and "dashboard.js" in missing.json["description"]
 
 
-def _bundled_plan() -> dict:
-    import llmgw.plan
-
-    if not hasattr(llmgw.plan, "build_plan"):
-        pytest.skip("the plan compiler (llmgw.plan.build_plan) is not written yet")
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmgw", "plan", "catalog", "--fleet", "fleet.yaml", "--out", "-"],
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
 def test_bundled_catalogue_renders_every_model_and_marks_the_undescribed_one() -> None:
-    plan = _bundled_plan()
+    plan = bundled_plan()
     groups = model_groups(page(snapshot(plan)))
     assert list(groups) == [m["name"] for m in plan["models"]]
     undescribed = [n for n, g in groups.items() if "undescribed" in g.find(cls="desc").classes]
