@@ -11,6 +11,8 @@ from llmgw.diff import FieldChange, PlanDiff, ReplicaChange, ResourceChange
 SIGNS = {"add": "+", "change": "~", "remove": "-", "move": "~"}
 _COLORS = {"+": "\x1b[32m", "~": "\x1b[33m", "-": "\x1b[31m"}
 _RESET = "\x1b[0m"
+# Past this many characters of before and after together, the two go on separate lines.
+LONG_VALUES = 80
 # A string that YAML and a reader both take as one word needs no quotes.
 _BARE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./:=-]*$")
 
@@ -42,7 +44,7 @@ def resource_lines(change: ResourceChange) -> list[str]:
     if change.action != "change":
         head += f" ({describe(change)})"
     lines = [head]
-    lines.extend(f"    {field_line(f)}" for f in change.fields)
+    lines.extend(f"    {line}" for f in change.fields for line in field_lines(f))
     for p in change.profiles:
         external = ", external" if p.external else ""
         lines.append(f"    {SIGNS[p.action]} profile {p.name} ({p.engine}{external})")
@@ -64,9 +66,13 @@ def describe(change: ResourceChange) -> str:
     return ", ".join(parts)
 
 
-def field_line(f: FieldChange) -> str:
+def field_lines(f: FieldChange) -> list[str]:
+    """`field: before → after`; long values (descriptions) stack so the two can be compared."""
     where = f"profile {f.profile} {f.field}" if f.profile else f.field
-    return f"{where}: {value(f.before)} → {value(f.after)}"
+    before, after = value(f.before), value(f.after)
+    if len(before) + len(after) <= LONG_VALUES:
+        return [f"{where}: {before} → {after}"]
+    return [f"{where}: {before}", f"{' ' * len(where)}→ {after}"]
 
 
 def replica_line(r: ReplicaChange) -> str:
