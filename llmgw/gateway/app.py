@@ -21,6 +21,7 @@ from llmgw.gateway.health import Health
 from llmgw.gateway.proxy import Proxy
 from llmgw.gateway.reload import PlanState
 from llmgw.gateway.resources import AdminPlan, Healthz, Metrics, Models, Readyz
+from llmgw.gateway.upstream import FastTransport
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None) -> falcon.asgi.App:
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
         timeout=httpx.Timeout(settings.connect_timeout),
         trust_env=False,
+        transport=FastTransport(),
     )
     health = Health(
         client,
