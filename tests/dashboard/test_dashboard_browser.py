@@ -145,14 +145,18 @@ class Page:
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.page.on("pageerror", lambda exc: self.errors.append(f"script error: {exc}"))
-        self.page.on(
-            "console",
-            lambda msg: self.errors.append(f"console {msg.type}: {msg.text}")
-            if msg.type in ("error", "warning")
-            else None,
-        )
-        self.page.on("dialog", lambda d: (self.errors.append(f"dialog: {d.message}"), d.dismiss()))
+        self.page.on("console", self._console)
+        self.page.on("dialog", self._dialog)
         self.page.goto(url + "/", wait_until="load")
+
+    def _console(self, msg: Any) -> None:
+        # CSP violations and failed loads arrive as console errors, not page errors.
+        if msg.type in ("error", "warning"):
+            self.errors.append(f"console {msg.type}: {msg.text}")
+
+    def _dialog(self, dialog: Any) -> None:
+        self.errors.append(f"dialog: {dialog.message}")
+        dialog.dismiss()
 
     def screenshot(self, name: str) -> None:
         ARTIFACTS.mkdir(exist_ok=True)

@@ -106,7 +106,7 @@ def test_catalogue_markup_is_shown_as_text_never_as_elements() -> None:
     assert group.find(cls="aliases").text == "<b>bold</b>"
     assert doc.by_id("refusal-reason").text == "<script>bad()</script> in fleet.yaml"
     # The page's own script file is the only script; the description's <img> is no element.
-    assert [s.attrs.get("src", "").split("?")[0] for s in doc.find_all("script")] == [
+    assert [(s.attrs.get("src") or "").split("?")[0] for s in doc.find_all("script")] == [
         "/dashboard/static/dashboard.js"
     ]
     assert not doc.find_all("img") and not doc.find_all("b")

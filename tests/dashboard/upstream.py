@@ -28,8 +28,8 @@ class FakeUpstream:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
-        address, port = self._server.server_address[:2]
-        self.endpoint = f"http://{address}:{port}"
+        port = self._server.server_address[1]
+        self.endpoint = f"http://{host}:{port}"
 
     def close(self) -> None:
         self._server.shutdown()
