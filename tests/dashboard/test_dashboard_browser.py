@@ -394,3 +394,25 @@ def _wait_for_status(gw: Gateway, ready: Any, timeout: float = 10) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("the gateway's health never settled to what the upstreams answer")
+
+
+def test_a_gateway_that_stops_answering_is_shown_as_stale_counts(
+    browser: Any, gateway: Gateway
+) -> None:
+    page = Page(browser, gateway.url, 1280, 900)
+    try:
+        live = page.page.locator("#live")
+        assert "stale" not in live.inner_text()
+        page.page.route("**/dashboard/status.json", lambda route: route.abort())
+        page.page.wait_for_function(
+            "() => document.getElementById('live').classList.contains('stale')",
+            timeout=LIVE_TIMEOUT_MS,
+        )
+        assert "may be stale" in live.inner_text()
+        page.page.unroute("**/dashboard/status.json")
+        page.page.wait_for_function(
+            "() => !document.getElementById('live').classList.contains('stale')",
+            timeout=LIVE_TIMEOUT_MS,
+        )
+    finally:
+        page.close()
