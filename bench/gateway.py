@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -27,16 +28,19 @@ import httptools
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gateway"))
 import harness  # noqa: E402
 
-BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "hi"}],
-                   "max_tokens": 16}).encode()
+BODY = json.dumps(
+    {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+).encode()
 
 
 class _Client(asyncio.Protocol):
     """One keep-alive connection; `request()` sends one POST and waits for its whole answer."""
 
     def __init__(self, host: str, path: str) -> None:
-        self.head = (f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-                     f"content-length: {len(BODY)}\r\n\r\n").encode() + BODY
+        self.head = (
+            f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(BODY)}\r\n\r\n"
+        ).encode() + BODY
         self.parser = httptools.HttpResponseParser(self)
         self.done: asyncio.Future[int] | None = None
         self.transport: asyncio.Transport | None = None
@@ -132,8 +136,10 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--requests", type=int, default=3000, help="sequential, for latency")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--access-log", action="store_true",
-                        help="keep the JSON access log on (written to a file)")
+    parser.add_argument("--rounds", type=int, default=3, help="medians are reported")
+    parser.add_argument(
+        "--access-log", action="store_true", help="keep the JSON access log on (written to a file)"
+    )
     args = parser.parse_args()
     try:
         import uvloop
@@ -144,24 +150,39 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp, harness.engine("bench", "127.0.0.2") as engine:
         plan_path = Path(tmp) / "plan.json"
-        harness.write_plan(plan_path, harness.plan([
-            harness.model("bench", [harness.profile([engine.url], "bench")], max_output=4096)]))
-        direct = run(measure(engine.url, args))
+        harness.write_plan(
+            plan_path,
+            harness.plan([harness.model("bench", [harness.profile([engine.url], "bench")], max_output=4096)]),
+        )
         env = {} if args.access_log else {"LLMGW_ACCESS_LOG": "off"}
         with harness.gateway(plan_path, workers=args.workers, **env) as gw:
-            through = run(measure(gw.url, args))
+            # Rounds alternate direct and gateway, and the median of each figure is kept:
+            # on a shared 2-core machine any one run can land beside someone's test suite.
+            rounds = [
+                (run(measure(engine.url, args)), run(measure(gw.url, args))) for _ in range(args.rounds)
+            ]
+    direct = {k: statistics.median(r[0][k] for r in rounds) for k in rounds[0][0]}
+    through = {k: statistics.median(r[1][k] for r in rounds) for k in rounds[0][1]}
 
     def ms(seconds: float) -> str:
         return f"{seconds * 1000:.3f} ms"
 
     print(f"{'':24}{'direct':>12}{'gateway':>12}{'added':>12}")
     for key in ("p50", "p99", "mean"):
-        print(f"latency {key:<16}{ms(direct[key]):>12}{ms(through[key]):>12}"
-              f"{ms(through[key] - direct[key]):>12}")
-    print(f"throughput ({args.connections} conn){direct['rps']:>9.0f}/s{through['rps']:>10.0f}/s"
-          f"{through['rps'] / direct['rps']:>11.2f}x")
-    print(f"gateway: {args.workers} worker(s), access log "
-          f"{'on' if args.access_log else 'off'}; machine: {__import__('os').cpu_count()} cores")
+        print(
+            f"latency {key:<16}{ms(direct[key]):>12}{ms(through[key]):>12}"
+            f"{ms(through[key] - direct[key]):>12}"
+        )
+    print(
+        f"throughput ({args.connections} conn){direct['rps']:>9.0f}/s{through['rps']:>10.0f}/s"
+        f"{through['rps'] / direct['rps']:>11.2f}x"
+    )
+    print(
+        f"gateway: {args.workers} worker(s), access log "
+        f"{'on' if args.access_log else 'off'}; medians of {args.rounds} rounds; "
+        f"machine: {os.cpu_count()} cores"
+    )
+    print(f"rounds (gateway rps): {[round(r[1]['rps']) for r in rounds]}")
 
 
 if __name__ == "__main__":
