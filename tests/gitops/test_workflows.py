@@ -342,7 +342,9 @@ def test_deploy_stops_when_the_served_plan_cannot_be_fetched(repo: Path, tmp_pat
 # --- The project's own tests ------------------------------------------------------------
 
 
-def test_ci_runs_ruff_and_pytest() -> None:
+def test_ci_runs_the_same_script_as_ci_and_ruff() -> None:
     runs = [s.get("run", "") for s in load_workflow(CI)["jobs"]["test"]["steps"]]
-    assert any(re.search(r"\bpytest\b", r) for r in runs) and any("ruff check" in r for r in runs)
-    assert any('".[dev]"' in r for r in runs), "tests need the dev extras"
+    assert "bash .ci/run" in runs and any("ruff check" in r for r in runs)
+    script = (CI.parents[2] / ".ci" / "run").read_text()
+    assert re.search(r"\bpytest\b", script) and "'.[dev]'" in script, "tests need the dev extras"
+    assert "chromium" in script, "the dashboard's browser tests need Debian's chromium"
