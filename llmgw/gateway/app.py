@@ -16,6 +16,7 @@ import httpx
 
 from llmgw.gateway.access import Access, read_api_keys
 from llmgw.gateway.config import Settings, settings_from_env
+from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.health import Health
 from llmgw.gateway.proxy import Proxy
@@ -109,12 +110,6 @@ def create_app(settings: Settings | None = None) -> falcon.asgi.App:
 
 
 def _add_dashboard(app: falcon.asgi.App, state: PlanState) -> None:
-    try:
-        from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
-    except ImportError:  # the dashboard ships separately; the API works without it
-        log.info("llmgw.gateway.dashboard is not installed; / and /dashboard are not served")
-        return
-
     def snapshot() -> DashboardSnapshot:
         table = state.table
         return DashboardSnapshot(

@@ -224,13 +224,16 @@ def gateway(plan_path: Path, workers: int = 2, log_dir: Path | None = None, **en
         )
     gw = Gateway(f"http://{bind}", plan_path, proc, log_path, full_env)
     try:
+        expected = json.loads(plan_path.read_text())["digest"]
 
         def up() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"gateway exited with {proc.returncode}:\n{gw.log()}")
-            return httpx.get(gw.url + "/healthz", timeout=2).status_code == 200
+            # The digest proves it is our gateway answering, not a stranger that took the
+            # port between free_port() and gunicorn's bind.
+            return httpx.get(gw.url + "/readyz", timeout=2).json().get("digest") == expected
 
-        wait_until(up, 30, "the gateway to answer /healthz")
+        wait_until(up, 30, "the gateway to serve its plan")
         yield gw
     finally:
         stop(proc)

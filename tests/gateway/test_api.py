@@ -319,3 +319,11 @@ def test_metrics_count_upstream_errors(gw: Gateway) -> None:
     post(gw, "/v1/chat/completions", chat("failover-5xx"))
     text = httpx.get(gw.url + "/metrics", timeout=10).text
     assert "llmgw_upstream_errors_total" in text
+
+
+def test_the_dashboard_is_served_without_an_api_key_and_shows_the_plan(gw: Gateway) -> None:
+    page = httpx.get(gw.url + "/", timeout=10)
+    assert page.status_code == 200 and "chat-a" in page.text
+    status = httpx.get(gw.url + "/dashboard/status.json", timeout=10)
+    assert status.status_code == 200
+    assert gw.env["digest"] in status.text
