@@ -34,7 +34,9 @@ class _App(falcon.asgi.App):  # type: ignore[misc]
     notices that for its own SSE emitter, and then only after the next event arrives.
     """
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(  # type: ignore[override]
+        self, scope: dict[str, Any], receive: Any, send: Any
+    ) -> None:
         scope["llmgw.receive"] = receive
         await super().__call__(scope, receive, send)
 

@@ -43,9 +43,7 @@ class ApiError(Exception):
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> bytes:
-    return json.dumps(
-        {"error": {"message": message, "type": type, "param": param, "code": code}}
-    ).encode()
+    return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}}).encode()
 
 
 def respond(resp: falcon.asgi.Response, error: ApiError) -> None:
@@ -68,8 +66,7 @@ async def handle_unexpected(
     if isinstance(ex, falcon.HTTPError):  # falcon's own errors keep their status
         serialize_http_error(req, resp, ex)
         resp.status = ex.status
-        for name, value in (ex.headers or {}).items():
-            resp.set_header(name, value)
+        resp.set_headers(ex.headers or {})
         return
     request_id = getattr(req.context, "request_id", "?")
     log.exception("unexpected error serving %s %s (request %s)", req.method, req.path, request_id)
