@@ -13,6 +13,7 @@ from llmgw.errors import PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.reload import PlanState
+from llmgw.plan import dump_plan
 
 
 class Models:
@@ -22,9 +23,7 @@ class Models:
         resp.content_type = falcon.MEDIA_JSON
         resp.data = req.context.table.listing_body
 
-    async def on_get_item(
-        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str
-    ) -> None:
+    async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str) -> None:
         table = req.context.table
         body = table.model_bodies.get(model_id)
         if body is None:
@@ -63,9 +62,7 @@ class Readyz:
             "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.loaded_at)),
             "models": len(state.table.models),
             "last_reload": (
-                {"result": "refused", "reason": state.refusal}
-                if state.refusal
-                else {"result": "loaded"}
+                {"result": "refused", "reason": state.refusal} if state.refusal else {"result": "loaded"}
             ),
         }
         resp.content_type = falcon.MEDIA_JSON
@@ -78,20 +75,26 @@ class Metrics:
 
 
 class AdminPlan:
-    """POST /admin/plan: `llmgw deploy` sends a plan; it is checked, written, and served."""
+    """GET /admin/plan: the served plan. POST: `llmgw deploy` sends one to check, write, serve."""
 
     def __init__(self, state: PlanState, token: str | None, limit: int) -> None:
         self.state = state
         self.token = token
         self.limit = limit
 
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        """The plan this worker serves: the deploy workflow plans with it as --previous, so
+        replicas stay where they are."""
+        self._authorize(req.get_header("Authorization"))
+        resp.content_type = falcon.MEDIA_JSON
+        resp.text = dump_plan(self.state.table.plan)
+
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         self._authorize(req.get_header("Authorization"))
         if req.content_length is not None and req.content_length > self.limit:
             raise ApiError(
                 413,
-                f"The plan is over the gateway's limit of {self.limit} bytes; "
-                "raise LLMGW_MAX_BODY_BYTES.",
+                f"The plan is over the gateway's limit of {self.limit} bytes; raise LLMGW_MAX_BODY_BYTES.",
                 code="request_too_large",
             )
         text = await req.stream.read()
@@ -110,16 +113,11 @@ class AdminPlan:
         if not self.token:
             raise ApiError(
                 403,
-                "Admin endpoints are closed: start the gateway with "
-                "LLMGW_ADMIN_TOKEN set to open them.",
+                "Admin endpoints are closed: start the gateway with LLMGW_ADMIN_TOKEN set to open them.",
                 type="permission_error",
                 code="admin_closed",
             )
-        given = (
-            authorization[7:].strip()
-            if authorization and authorization.startswith("Bearer ")
-            else ""
-        )
+        given = authorization[7:].strip() if authorization and authorization.startswith("Bearer ") else ""
         if not hmac.compare_digest(given.encode(), self.token.encode()):
             raise ApiError(
                 401,

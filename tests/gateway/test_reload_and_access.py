@@ -274,3 +274,13 @@ def test_llmgw_serve_refuses_a_bad_plan_in_one_sentence(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "llmgw plan" in done.stderr
+
+
+def test_admin_get_plan_returns_the_served_plan_for_the_next_deploy(
+    served: tuple[Gateway, dict[str, Any]],
+) -> None:
+    gw, doc = served
+    answer = httpx.get(gw.url + "/admin/plan", timeout=10, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert answer.status_code == 200
+    assert answer.json() == doc
+    assert httpx.get(gw.url + "/admin/plan", timeout=10).status_code == 401
