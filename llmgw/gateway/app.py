@@ -79,6 +79,8 @@ def create_app(settings: Settings | None = None) -> falcon.asgi.App:
         timeout=httpx.Timeout(settings.connect_timeout),
         trust_env=False,
         transport=FastTransport(),
+        # External endpoints may be https; those take httpx's own transport.
+        mounts={"https://": httpx.AsyncHTTPTransport(retries=0)},
     )
     health = Health(
         client,
