@@ -183,7 +183,7 @@ class FastTransport(httpx.AsyncBaseTransport):
         url = request.url
         if url.scheme != "http":
             raise httpx.UnsupportedProtocol(
-                f"{url} is not plain http; engines are reached over http on the LAN."
+                f"{url} is not plain http; the client mounts httpx's own transport for https."
             )
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
         key = (url.host, url.port or 80)
