@@ -187,14 +187,24 @@ class FastTransport(httpx.AsyncBaseTransport):
             )
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
         key = (url.host, url.port or 80)
-        conn = await self._acquire(key, timeouts.get("connect"))
+        read_timeout = timeouts.get("read")
+        conn, reused = await self._acquire(key, timeouts.get("connect"))
         try:
-            self._send(conn, request, key)
-            read_timeout = timeouts.get("read")
-            while not conn.headers_done:
-                if conn.error is not None:
-                    raise conn.error
-                await conn.wait(read_timeout)
+            await self._exchange(conn, request, key, read_timeout)
+        except httpx.RemoteProtocolError:
+            conn.close()
+            if not reused or conn.status or conn.headers:
+                raise
+            # An engine may close an idle kept-alive connection just as a request is
+            # written on it (llama.cpp and vLLM both time idle connections out). Nothing
+            # was answered, so nothing was done: send it once more on a new connection,
+            # rather than count a healthy replica as failing.
+            conn, _ = await self._acquire(key, timeouts.get("connect"), fresh=True)
+            try:
+                await self._exchange(conn, request, key, read_timeout)
+            except BaseException:
+                conn.close()
+                raise
         except BaseException:
             conn.close()
             raise
@@ -224,13 +234,26 @@ class FastTransport(httpx.AsyncBaseTransport):
         assert conn.transport is not None
         conn.transport.write(b"".join(lines) + body)
 
-    async def _acquire(self, key: tuple[str, int], timeout: float | None) -> _Connection:
+    async def _exchange(
+        self, conn: _Connection, request: httpx.Request, key: tuple[str, int], read_timeout: float | None
+    ) -> None:
+        """Write the request and wait for the response's headers."""
+        self._send(conn, request, key)
+        while not conn.headers_done:
+            if conn.error is not None:
+                raise conn.error
+            await conn.wait(read_timeout)
+
+    async def _acquire(
+        self, key: tuple[str, int], timeout: float | None, fresh: bool = False
+    ) -> tuple[_Connection, bool]:
+        """A connection to `key`, and whether it is a kept-alive one being reused."""
         idle = self.idle.get(key)
-        while idle:
+        while idle and not fresh:
             conn = idle.pop()
             if not conn.closed:
                 conn._reset()
-                return conn
+                return conn, True
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
@@ -239,7 +262,7 @@ class FastTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out") from None
         except OSError as exc:
             raise httpx.ConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
-        return conn
+        return conn, False
 
     def release(self, conn: _Connection) -> None:
         idle = self.idle.setdefault(conn.key, deque())
