@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from llmgw import __version__
-from llmgw.errors import LlmgwError
+from llmgw.errors import LlmgwError, UsageError
 from llmgw.lint import LintResult, lint
 from llmgw.plan import build_plan, dump_plan, read_plan
 from llmgw.report import REPORTERS
@@ -74,7 +74,7 @@ def lint_command(catalog: Path, fleet_path: Path, fmt: str, strict: bool) -> Non
     """Check every model file against the schema and the fleet; report every finding."""
     result = lint(catalog, fleet_path)
     reporter = REPORTERS[fmt]
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
         click.echo(_summary(result), err=True)
@@ -119,7 +119,7 @@ def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: 
     result = lint(catalog, fleet_path, previous=previous)
     errors, _ = result.counts()
     if errors:
-        REPORTERS["text"](result.findings, click.get_text_stream("stderr"), color=_use_color(sys.stderr))
+        REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))
         click.echo(f"{_summary(result)} No plan written.", err=True)
         sys.exit(EXIT_FINDINGS)
     text = dump_plan(build_plan(result, previous=previous))
@@ -127,14 +127,22 @@ def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: 
         click.echo(text, nl=False)
     else:
         _write_atomically(Path(out_path), text)
-        click.echo(f"Wrote {out_path}: {len(result.models)} model(s). {_summary(result)}", err=True)
+        click.echo(f"Wrote {out_path}: {len(result.entries)} model(s). {_summary(result)}", err=True)
 
 
 def _write_atomically(path: Path, text: str) -> None:
     # Written then renamed over, so a gateway watching the file never reads half a plan.
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the plan to {path}: {exc.strerror or exc}; give --out a file path in "
+            "a folder that exists, or - for standard output."
+        ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # GitOps commands: diff, pr-comment, inventory. Imports are local so `llmgw lint` does not
@@ -171,7 +179,7 @@ def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> Non
             raise
         click.echo(f"llmgw: {exc}", err=True)
         sys.exit(1)
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     DIFF_REPORTERS[fmt](changes, out, color=fmt == "text" and _use_color(out))
     if detailed_exitcode:
         sys.exit(2 if changes.has_changes else 0)

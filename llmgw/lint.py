@@ -16,7 +16,7 @@ from typing import Any
 from llmgw.errors import UsageError
 from llmgw.findings import Finding, count
 from llmgw.load import Document, load_document
-from llmgw.model import Fleet, ModelSpec
+from llmgw.model import Fleet, ModelSpec, Node
 from llmgw.place import Placement, place
 from llmgw.rules import Context, Entry, run_rules
 from llmgw.validate import schema_findings
@@ -35,10 +35,6 @@ class LintResult:
     placement: Placement
     files_checked: int
 
-    @property
-    def models(self) -> list[Entry]:
-        return self.entries
-
     def counts(self) -> tuple[int, int]:
         return count(self.findings)
 
@@ -52,8 +48,16 @@ def lint(catalog: Path, fleet_path: Path, previous: dict[str, Any] | None = None
     findings: list[Finding] = []
     documents: list[Document] = []
     entries: list[Entry] = []
+    inside = catalog.resolve()
     for path in files:
         display = path.as_posix()
+        if not path.resolve().is_relative_to(inside):
+            # Findings quote what they read, and lint's output is posted on pull
+            # requests: a link to /etc/shadow must not be read at all.
+            findings.append(Finding(display, 1, 1, "yaml", "error",
+                                    f"this is a symlink to a file outside {catalog.as_posix()}/, "
+                                    "which lint does not read; put the model file itself here."))
+            continue
         doc, problems = load_document(path, display)
         findings.extend(problems)
         if doc is None or problems:
@@ -93,8 +97,9 @@ def catalogue_files(catalog: Path) -> list[Path]:
 def read_fleet(path: Path) -> tuple[Fleet, Document]:
     """The fleet must be right before anything can be checked against it: mistakes exit 2."""
     if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
         raise UsageError(
-            f"fleet inventory {path} does not exist; write one (see `llmgw inventory` on each "
+            f"fleet inventory {path} {what}; write one (see `llmgw inventory` on each "
             "node) or pass --fleet PATH."
         )
     doc, problems = load_document(path, path.as_posix())
@@ -113,6 +118,14 @@ def _fleet_consistency(fleet: Fleet, doc: Document) -> list[Finding]:
     problems = []
     seen: dict[str, int] = {}
     for i, node in enumerate(fleet.nodes):
+        for j, other in enumerate(fleet.nodes[:i]):
+            if other.address == node.address and _ranges_overlap(other, node):
+                # Two replicas would get one host:port, and the gateway would route both to one.
+                problems.append(doc.finding(
+                    "error", "schema", ("nodes", i, "address"),
+                    f"node '{node.name}' has the address {node.address} of node '{other.name}' "
+                    f"(node {j + 1}) with overlapping ports; give each node its own address, "
+                    "or disjoint port ranges."))
         if node.name in seen:
             problems.append(doc.finding(
                 "error", "schema", ("nodes", i, "name"),
@@ -124,6 +137,10 @@ def _fleet_consistency(fleet: Fleet, doc: Document) -> list[Finding]:
                 "error", "schema", ("nodes", i, "ports"),
                 f"ports.first {node.ports.first} is after ports.last {node.ports.last}; swap them."))
     return problems
+
+
+def _ranges_overlap(a: Node, b: Node) -> bool:
+    return a.ports.first <= b.ports.last and b.ports.first <= a.ports.last
 
 
 def _fleet_problems(path: Path, problems: list[Finding]) -> str:

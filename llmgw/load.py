@@ -160,6 +160,8 @@ def _hint(problem: str) -> str:
         return "check the indentation of this line against the lines above it."
     if "found character" in problem and "cannot start any token" in problem:
         return "quote the value; characters such as ` @ % cannot start a plain value."
+    if "could not determine a constructor" in problem:
+        return "remove the !tag: catalogue files hold plain values only."
     if "found undefined alias" in problem:
         return "write the value out in full; catalogue files do not use aliases."
     return "check the line for a missing quote, colon or indentation."

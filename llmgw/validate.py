@@ -74,8 +74,16 @@ def _unknown_fields(doc: Document, error: ValidationError, path: tuple) -> list[
                 else f" Known fields here: {', '.join(known)}.")
         where = f" in {_field_name(path)}" if path else ""
         out.append(doc.finding("error", "unknown-field", (*path, key),
-                               f"unknown field '{key}'{where}.{hint}", key=True))
+                               f"unknown field {_quoted(key)}{where}.{hint}", key=True))
     return out
+
+
+def _quoted(key: object, limit: int = 40) -> str:
+    # A file that is not a model file at all would otherwise be echoed back line by line.
+    text = str(key)
+    if len(text) > limit or not text.isprintable():
+        return f"'{text[:limit].encode('unicode_escape').decode()}…'"
+    return f"'{text}'"
 
 
 def _field_name(path: tuple) -> str:

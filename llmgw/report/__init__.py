@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from llmgw.findings import Finding
 from llmgw.report import github, json_report, markdown, text
 
-Reporter = Callable[..., None]  # (findings, stream, *, color: bool) -> None
+
+class Reporter(Protocol):
+    def __call__(self, findings: list[Finding], stream: TextIO, *, color: bool) -> None: ...
+
 
 REPORTERS: dict[str, Reporter] = {
     "text": text.report,
@@ -17,4 +19,4 @@ REPORTERS: dict[str, Reporter] = {
     "markdown": markdown.report_markdown,
 }
 
-__all__ = ["REPORTERS", "Finding", "Reporter", "TextIO"]
+__all__ = ["REPORTERS", "Reporter"]

@@ -1,4 +1,4 @@
-"""duplicate-name, alias-collision: every name a client can send answers to one model."""
+"""duplicate-name, alias-collision, duplicate-profile: every name answers to one thing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,25 @@ from llmgw.rules import Context, Entry
 
 
 def check(ctx: Context) -> Iterator[Finding]:
+    yield from _model_names(ctx)
+    for entry in ctx.entries:
+        yield from _profile_names(entry)
+
+
+def _profile_names(entry: Entry) -> Iterator[Finding]:
+    # Replicas, routing, the dashboard and the diff all know a profile by its name.
+    seen: set[str] = set()
+    for i, profile in enumerate(entry.spec.profiles):
+        if profile.name in seen:
+            yield entry.doc.finding(
+                "error", "duplicate-profile", ("profiles", i, "name"),
+                f"profile '{profile.name}' appears twice in this model; give each profile its "
+                "own name.",
+            )
+        seen.add(profile.name)
+
+
+def _model_names(ctx: Context) -> Iterator[Finding]:
     # Files in path order: the first file to claim a name keeps it, and the
     # finding lands on the later one, which is usually the one being added.
     owners: dict[str, tuple[Entry, str]] = {}  # name -> (entry, "name" | "alias")

@@ -91,3 +91,57 @@ def test_plan_refuses_a_broken_previous_plan_with_a_sentence(llmgw, tmp_path):
     run = llmgw("plan", "--previous", "old.json", cwd=tmp_path)
     assert run.code == 2, run
     assert "old.json is not valid JSON" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_fleet_nodes_sharing_an_address_and_ports_exit_2(llmgw, tmp_path):
+    fleet = ("nodes:\n  - {name: a, address: 127.0.0.1, memory_gb: 8}\n"
+             "  - {name: b, address: 127.0.0.1, memory_gb: 8}\n")
+    write_catalog(tmp_path, {"x.yaml": model_yaml(selector="{}")}, fleet)
+    run = llmgw("lint", cwd=tmp_path)
+    assert run.code == 2, run
+    assert "fleet.yaml:3:" in run.stderr and "has the address 127.0.0.1 of node 'a'" in run.stderr
+
+
+def test_fleet_nodes_sharing_an_address_with_disjoint_ports_are_fine(llmgw, tmp_path):
+    fleet = ("nodes:\n  - {name: a, address: 127.0.0.1, memory_gb: 8, ports: {first: 8001, last: 8049}}\n"
+             "  - {name: b, address: 127.0.0.1, memory_gb: 8, ports: {first: 8050, last: 8099}}\n")
+    write_catalog(tmp_path, {"x.yaml": model_yaml(selector="{}", replicas=2, weights=10**9)}, fleet)
+    run = llmgw("plan", "--out", "-", cwd=tmp_path)
+    assert run.code == 0, run
+    assert "127.0.0.1:8001" in run.stdout and "127.0.0.1:8050" in run.stdout
+
+
+def test_plan_to_a_missing_folder_exits_2_and_leaves_nothing_behind(llmgw, tmp_path):
+    write_catalog(tmp_path, {"x.yaml": model_yaml()})
+    run = llmgw("plan", "--out", "nowhere/plan.json", cwd=tmp_path)
+    assert run.code == 2, run
+    assert "cannot write the plan to nowhere/plan.json" in run.stderr and "Traceback" not in run.stderr
+    (tmp_path / "adir").mkdir()
+    run = llmgw("plan", "--out", "adir", cwd=tmp_path)
+    assert run.code == 2, run
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_fleet_given_as_a_directory_says_so(llmgw, tmp_path):
+    write_catalog(tmp_path, {"x.yaml": model_yaml()})
+    run = llmgw("lint", "--fleet", "catalog", cwd=tmp_path)
+    assert run.code == 2 and "fleet inventory catalog is a directory" in run.stderr
+
+
+def test_symlink_out_of_the_catalogue_is_not_read(llmgw, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:hunter2:0:0\n")
+    write_catalog(tmp_path, {"x.yaml": model_yaml()})
+    (tmp_path / "catalog" / "leak.yaml").symlink_to(secret)
+    run = llmgw("lint", cwd=tmp_path)
+    assert run.code == 1, run
+    assert "hunter2" not in run.stdout + run.stderr
+    assert "catalog/leak.yaml:1:1: error[yaml] this is a symlink to a file outside catalog/" in run.stdout
+
+
+def test_a_file_that_is_not_a_model_is_not_echoed_back_line_by_line(llmgw, tmp_path):
+    key = "a-very-long-key-that-goes-on-and-on-and-on-and-on-forever"
+    write_catalog(tmp_path, {"x.yaml": f"{key}: 1\n"})
+    run = llmgw("lint", cwd=tmp_path)
+    assert f"unknown field '{key[:40]}…'" in run.stdout, run
+    assert key not in run.stdout

@@ -83,6 +83,8 @@ def test_a_plan_never_promises_more_than_the_nodes_hold(tmp_path_factory, nodes,
                     assert p["memory"]["gb"] <= node_["gpu_memory_gb"] * p["gpus"]
                 else:
                     memory[r["node"]] = memory.get(r["node"], 0) + p["memory"]["gb"]
+    endpoints = [r["endpoint"] for m in plan["models"] for p in m["profiles"] for r in p["replicas"]]
+    assert len(endpoints) == len(set(endpoints)), "two replicas share an endpoint"
     for name, used in memory.items():
         assert used <= by_node[name]["memory_gb"] + 1e-9
     for name, used in gpus.items():

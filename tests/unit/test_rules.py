@@ -162,3 +162,10 @@ def test_replica_too_big_for_every_node_says_write_min_memory(tmp_path):
     [finding] = by_rule(result, "placement")
     assert "too big for every eligible node" in finding.message
     assert "min_memory_gb" in finding.message
+
+
+def test_two_profiles_with_one_name_is_an_error_at_the_second(tmp_path):
+    text = model_yaml() + "  - name: main\n    engine: llamacpp\n    node_selector: {pool: gpu}\n"
+    result = run(tmp_path, {"a.yaml": text})
+    [finding] = by_rule(result, "duplicate-profile")
+    assert finding.line == 10 and "appears twice" in finding.message
