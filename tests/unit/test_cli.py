@@ -145,3 +145,36 @@ def test_a_file_that_is_not_a_model_is_not_echoed_back_line_by_line(llmgw, tmp_p
     run = llmgw("lint", cwd=tmp_path)
     assert f"unknown field '{key[:40]}…'" in run.stdout, run
     assert key not in run.stdout
+
+
+def _lint_on_a_terminal(tmp_path, **env: str) -> str:
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.conftest import llmgw_env
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "lint"], cwd=tmp_path,
+                            env=llmgw_env(**env), stdout=slave, stderr=subprocess.DEVNULL)
+    proc.wait(timeout=60)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return out.decode()
+
+
+def test_colour_on_a_terminal_unless_no_color(tmp_path):
+    write_catalog(tmp_path, {"x.yaml": model_yaml(source=SHARD)})
+    assert "\033[1;31merror\033[0m[sharded-source]" in _lint_on_a_terminal(tmp_path)
+    plain = _lint_on_a_terminal(tmp_path, NO_COLOR="1")
+    assert "error[sharded-source]" in plain and "\033[" not in plain
