@@ -70,7 +70,8 @@ class FakeGateway:
         if path != "/admin/plan":
             return 404, {"title": "404 Not Found"}
         if method == "GET":
-            return (200, self.plan) if self.plan is not None else (404, {"title": "no plan"})
+            # A real gateway always has a plan; None stands for a URL that reaches no gateway.
+            return (200, self.plan) if self.plan is not None else (404, {"title": "404 Not Found"})
         if method == "POST":
             self.posts.append(body)
             if self.refuse_with:

@@ -262,7 +262,9 @@ def test_a_base_without_a_catalogue_shows_everything_added(repo: Path, tmp_path:
 # --- Deploy on merge --------------------------------------------------------------------
 
 
-def deploy(repo: Path, tmp_path: Path, gateway: FakeGateway, url: str | None = None) -> JobRun:
+def deploy(
+    repo: Path, tmp_path: Path, gateway: FakeGateway, url: str | None = None, first_deploy: str = ""
+) -> JobRun:
     # `llmgw deploy` is the gateway's own command; until it exists, everything up to it runs.
     has_deploy = run_llmgw("deploy", "--help").code == 0
     return run_job(
@@ -274,6 +276,7 @@ def deploy(repo: Path, tmp_path: Path, gateway: FakeGateway, url: str | None = N
         expressions={
             "vars.LLMGW_GATEWAY_URL": gateway.url if url is None else url,
             "secrets.LLMGW_ADMIN_TOKEN": gateway.token,
+            "vars.LLMGW_FIRST_DEPLOY": first_deploy,
         },
         stop_before=None if has_deploy else "Deploy",
     )
@@ -283,13 +286,39 @@ def deployed_plan(tmp_path: Path) -> dict[str, Any]:
     return json.loads((tmp_path / "deploy" / "runner" / "llmgw-deploy" / "plan.json").read_text())
 
 
-def test_a_first_deploy_plans_without_previous(repo: Path, tmp_path: Path) -> None:
+def test_a_first_deploy_plans_without_previous_when_the_repository_says_so(
+    repo: Path, tmp_path: Path
+) -> None:
     with serve(FakeGateway()) as gateway:
-        job = deploy(repo, tmp_path, gateway)
+        job = deploy(repo, tmp_path, gateway, first_deploy="true")
     assert job.succeeded, job
-    assert "serves no plan yet" in job.step("Fetch the deployed plan").stdout, job
+    fetch = job.step("Fetch the deployed plan").stdout
+    assert "::warning::" in fetch and "LLMGW_FIRST_DEPLOY is true" in fetch, job
     assert "previous" not in deployed_plan(tmp_path)["inputs"]
     assert "15 to add" in job.step("Show what changes").stdout, job
+
+
+def test_a_404_for_the_served_plan_stops_the_deploy_and_names_the_url(repo: Path, tmp_path: Path) -> None:
+    # The gateway always serves a plan at /admin/plan, so a 404 is a wrong URL or a proxy;
+    # planning from scratch then would move every replica the gateway serves.
+    served = json.loads(
+        run_llmgw("plan", repo / "catalog", "--fleet", repo / "fleet.yaml", "--out", "-").stdout
+    )
+    with serve(FakeGateway(plan=served)) as gateway:
+        wrong = f"{gateway.url}/llmgw"
+        job = deploy(repo, tmp_path, gateway, url=wrong)
+    assert not job.succeeded and job.steps[-1].name == "Fetch the deployed plan", job
+    message = job.steps[-1].stdout
+    assert f"::error::GET {wrong}/admin/plan answered HTTP 404" in message, job
+    assert "LLMGW_GATEWAY_URL" in message and "LLMGW_FIRST_DEPLOY" in message, job
+    assert gateway.posts == []
+
+
+def test_first_deploy_must_be_exactly_true(repo: Path, tmp_path: Path) -> None:
+    with serve(FakeGateway()) as gateway:
+        job = deploy(repo, tmp_path, gateway, first_deploy="yes")
+    assert not job.succeeded and job.steps[-1].name == "Fetch the deployed plan", job
+    assert "answered HTTP 404" in job.steps[-1].stdout, job
 
 
 def test_deploy_keeps_replicas_where_the_served_plan_has_them(repo: Path, tmp_path: Path) -> None:
@@ -312,7 +341,7 @@ def test_deploy_fails_when_the_gateway_refuses_the_plan(repo: Path, tmp_path: Pa
     if run_llmgw("deploy", "--help").code != 0:
         pytest.skip("`llmgw deploy` is not written yet (the gateway engineer's command)")
     with serve(FakeGateway(refuse_with="model x needs 900 GB")) as gateway:
-        job = deploy(repo, tmp_path, gateway)
+        job = deploy(repo, tmp_path, gateway, first_deploy="true")
     assert not job.succeeded and job.steps[-1].name == "Deploy", job
 
 
@@ -333,7 +362,11 @@ def test_deploy_stops_when_the_served_plan_cannot_be_fetched(repo: Path, tmp_pat
             workspace=repo,
             temp=tmp_path / "deploy",
             env={},
-            expressions={"vars.LLMGW_GATEWAY_URL": gateway.url, "secrets.LLMGW_ADMIN_TOKEN": "wrong"},
+            expressions={
+                "vars.LLMGW_GATEWAY_URL": gateway.url,
+                "secrets.LLMGW_ADMIN_TOKEN": "wrong",
+                "vars.LLMGW_FIRST_DEPLOY": "",
+            },
         )
     assert not job.succeeded and job.steps[-1].name == "Fetch the deployed plan", job
     assert "answered HTTP 401" in job.steps[-1].stdout, job
