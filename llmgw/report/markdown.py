@@ -61,16 +61,30 @@ def _count(n: int, noun: str) -> str:
 
 
 def cell(text: str) -> str:
-    """Text safe inside one table cell: pipes escaped, line breaks kept as <br>."""
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+    """Text shown as written inside one table cell, never read as HTML or markup.
+
+    Catalogue text (key names, model names, descriptions) reaches the pull-request comment
+    through here: a key named `<!--` once went out verbatim, and whatever Gitea's sanitiser
+    keeps of such HTML is not what the catalogue says. Backticks are escaped too, so no
+    code span forms in which the entities below would show literally.
+    """
+    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "<br>")
 
 
 def code(text: str) -> str:
-    """Inline code that survives backticks and pipes in `text`."""
+    """Inline code, for a table cell, that survives backticks, pipes and line breaks in `text`.
+
+    A code span shows `<` and `&` as they are, but entities too: `&#124;` would be shown
+    as those six characters. `\\|` is the one escape GFM tables read inside a code span.
+    A line break would end the table row, so it becomes a space, as a code span shows it.
+    """
+    text = re.sub(r"\r\n?|\n", " ", text).replace("|", "\\|")
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
     ticks = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{ticks}{pad}{text.replace('|', '&#124;')}{pad}{ticks}"
+    return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def fenced(lines: Iterable[str], info: str = "") -> list[str]:

@@ -205,3 +205,19 @@ def test_cli_format_choices_are_the_registry() -> None:
     result = run_llmgw("diff", "--help")
     assert "[json|markdown|text]" in result.stdout, result
     assert sorted(DIFF_REPORTERS) == ["json", "markdown", "text"]
+
+
+def test_markdown_table_shows_catalogue_html_as_text() -> None:
+    r = [replica("cpu-1", "127.0.0.11", 8001)]
+    old = plan([model("m", r, aliases=["a"])], CPU)
+    new = plan(
+        [
+            model("m", r, aliases=["<!-- hidden", "a&b"]),
+            model("n", [replica("cpu-2", "127.0.0.12", 8001)], task="<b>chat</b>"),
+        ],
+        CPU,
+    )
+    table = diff_markdown(diff_plans(old, new)).split("```diff")[0]
+    assert "<!--" not in table and "<b>" not in table, table
+    assert "| `+` | model `n` | added (&lt;b&gt;chat&lt;/b&gt;, 1 replica) |" in table, table
+    assert '"&lt;!-- hidden", "a&amp;b"' in table, table

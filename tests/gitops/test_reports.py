@@ -53,3 +53,33 @@ def test_cli_lint_format_markdown_reports_an_error_and_exits_1(tmp_path) -> None
     result = run_llmgw("lint", catalog, "--fleet", fleet, "--format", "markdown")
     assert result.code == 1, result
     assert "| **error** |" in result.stdout, result
+
+
+def test_html_in_a_finding_is_shown_as_text_not_rendered() -> None:
+    # A catalogue key named `<!--` once went into the comment verbatim and hid what followed.
+    md = findings_markdown([finding("error", "unknown field '<!--' & <script>x</script>")])
+    assert "unknown field '&lt;!--' &amp; &lt;script&gt;x&lt;/script&gt;" in md, md
+    assert "<!--" not in md and "<script>" not in md, md
+
+
+def test_backticks_in_a_finding_form_no_code_span_where_entities_would_show() -> None:
+    md = findings_markdown([finding("error", "key `<x>` unknown")])
+    assert "key \\`&lt;x&gt;\\` unknown" in md, md
+
+
+def test_a_line_break_in_a_finding_stays_in_its_row() -> None:
+    md = findings_markdown([finding("error", "one\r\ntwo\nthree")])
+    assert "| one<br>two<br>three |" in md, md
+
+
+def test_a_pipe_in_inline_code_is_escaped_the_way_gfm_tables_read_it() -> None:
+    # GFM shows an entity inside a code span as its characters, so `&#124;` read as "&#124;".
+    assert code("a|b") == "`a\\|b`"
+
+
+def test_html_in_inline_code_is_left_to_the_code_span() -> None:
+    assert code("catalog/<x>&.yaml") == "`catalog/<x>&.yaml`"
+
+
+def test_a_line_break_in_inline_code_does_not_end_the_table_row() -> None:
+    assert code("catalog/a\nb.yaml") == "`catalog/a b.yaml`"
