@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import time
 
 import falcon
@@ -49,7 +50,11 @@ class Healthz:
 
 
 class Readyz:
-    """GET /readyz: which plan this worker serves, since when, and any refused reload."""
+    """GET /readyz: which plan this worker serves, since when, and any refused reload.
+
+    Workers reload on their own, so the answer names the worker (its pid): a deploy has
+    taken when every worker has said so, not when the first one does.
+    """
 
     def __init__(self, state: PlanState) -> None:
         self.state = state
@@ -58,6 +63,7 @@ class Readyz:
         state = self.state
         doc = {
             "status": "ready",
+            "pid": os.getpid(),
             "digest": state.table.digest,
             "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.loaded_at)),
             "models": len(state.table.models),

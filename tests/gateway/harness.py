@@ -172,10 +172,41 @@ class Gateway:
     plan_path: Path
     proc: subprocess.Popen[bytes]
     log_path: Path
+    workers: int
     env: dict[str, str] = field(default_factory=dict)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def worker_pids(self) -> set[int]:
+        """The gunicorn workers alive now: the master's children, as the kernel lists them."""
+        pid = self.proc.pid
+        with contextlib.suppress(OSError):
+            return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+        return set()
+
+    def every_worker(self, check: Any, timeout: float, what: str) -> dict[int, dict[str, Any]]:
+        """Poll /readyz until every live worker has answered once with `check(answer)` true.
+
+        Which worker takes a new connection is up to the kernel, so each worker is heard
+        from by asking again, and its latest answer is the one that counts: a worker that
+        has not yet looked at the plan file cannot pass for one that has.
+        """
+        latest: dict[int, dict[str, Any]] = {}
+
+        def done() -> bool:
+            with httpx.Client(timeout=10) as fresh:  # a new connection, so maybe a new worker
+                ready = fresh.get(self.url + "/readyz").json()
+            latest[ready["pid"]] = ready
+            pids = self.worker_pids()
+            # Fewer than started: gunicorn is still forking them, or replacing one.
+            return len(pids) >= self.workers and all(p in latest and check(latest[p]) for p in pids)
+
+        try:
+            wait_until(done, timeout, f"every worker to report {what}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nworkers {self.worker_pids()} answered {latest}") from None
+        return latest
 
     def access_lines(self) -> list[dict[str, Any]]:
         lines = []
@@ -222,18 +253,20 @@ def gateway(plan_path: Path, workers: int = 2, log_dir: Path | None = None, **en
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    gw = Gateway(f"http://{bind}", plan_path, proc, log_path, full_env)
+    gw = Gateway(f"http://{bind}", plan_path, proc, log_path, workers, full_env)
     try:
         expected = json.loads(plan_path.read_text())["digest"]
 
-        def up() -> bool:
+        def up(ready: dict[str, Any]) -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"gateway exited with {proc.returncode}:\n{gw.log()}")
             # The digest proves it is our gateway answering, not a stranger that took the
             # port between free_port() and gunicorn's bind.
-            return httpx.get(gw.url + "/readyz", timeout=2).json().get("digest") == expected
+            return ready.get("digest") == expected
 
-        wait_until(up, 30, "the gateway to serve its plan")
+        # Every worker, not the first: a test that replaces the plan while a worker is
+        # still booting would have that worker read the new file instead.
+        gw.every_worker(up, 30, "its plan")
         yield gw
     finally:
         stop(proc)

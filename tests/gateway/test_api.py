@@ -303,6 +303,7 @@ def test_probes_say_alive_and_which_plan_is_served(gw: Gateway) -> None:
     assert ready.status_code == 200
     assert ready.json()["digest"] == gw.env["digest"]
     assert ready.json()["loaded_at"]
+    assert ready.json()["pid"] in gw.worker_pids(), "names the worker that answered"
 
 
 def test_metrics_count_requests_errors_and_the_plan(gw: Gateway) -> None:
