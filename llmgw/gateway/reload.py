@@ -40,7 +40,7 @@ class PlanState:
         self.path = path
         self._signature: _Signature = _signature(path)
         # A gateway without a plan would answer every request 404; refuse to start instead.
-        self.table = RouteTable(read_plan(path), created=self._created())
+        self.table = RouteTable.from_plan(read_plan(path), created=self._created())
         self.loaded_at = time.time()
         self.refusal: str | None = None
         metrics.PLAN_INFO.labels(self.table.digest).set(1)
@@ -66,42 +66,61 @@ class PlanState:
         signature = _signature(self.path)
         if signature == self._signature:
             return
-        self._signature = signature
         if signature is None:
+            self._signature = signature
             self._refuse(f"the plan file {self.path} is gone; still serving {self.table.digest}.")
             return
         try:
             # Validating a large plan takes a while; the event loop keeps serving meanwhile.
             plan = await asyncio.to_thread(read_plan, self.path)
+            table = self._table_for(plan, created=self._created())
         except PlanError as exc:
+            self._signature = signature
             self._refuse(str(exc))
             return
-        self._adopt(plan)
+        except Exception as exc:
+            # Recorded like any refusal, so /readyz says the deploy did not take; a bug
+            # here must not leave the worker silently on the old plan.
+            log.exception("checking %s for a new plan failed", self.path)
+            self._signature = signature
+            self._refuse(
+                f"the gateway failed checking {self.path} ({type(exc).__name__}); "
+                "its log has the details."
+            )
+            return
+        self._signature = signature
+        self._adopt(table)
 
     def accept(self, text: bytes) -> str:
-        """Validate a deployed plan, write it over the plan file, serve it; PlanError if invalid."""
+        """Check a deployed plan down to its routes, then write it over the plan file and
+        serve it. PlanError if it cannot be served; the file is then left as it was, since
+        every worker and the next start read it."""
         plan = parse_plan(text, where="the deployed plan")
+        table = self._table_for(plan, created=int(time.time()))
         tmp = self.path.with_name(f".{self.path.name}.deploy{os.getpid()}")
         tmp.write_bytes(text)
         os.replace(tmp, self.path)
         self._signature = _signature(self.path)
-        self._adopt(plan)
+        self._adopt(table)
         return self.table.digest
 
-    def _adopt(self, plan: dict) -> None:
+    def _table_for(self, plan: dict, created: int) -> RouteTable:
+        return RouteTable.from_plan(plan, created=created, replicas_before=self.table.replicas)
+
+    def _adopt(self, table: RouteTable) -> None:
         old = self.table
-        if plan["digest"] == old.digest and self.refusal is None:
+        if table.digest == old.digest and self.refusal is None:
             return
-        self.table = RouteTable(plan, created=self._created(), replicas_before=old.replicas)
+        self.table = table
         self.loaded_at = time.time()
         self.refusal = None
         metrics.RELOADS.labels("loaded").inc()
-        if plan["digest"] != old.digest:
+        if table.digest != old.digest:
             metrics.PLAN_INFO.labels(old.digest).set(0)
-        metrics.PLAN_INFO.labels(self.table.digest).set(1)
-        for endpoint, replica in self.table.replicas.items():
+        metrics.PLAN_INFO.labels(table.digest).set(1)
+        for endpoint, replica in table.replicas.items():
             metrics.REPLICA_HEALTHY.labels(endpoint).set(1 if replica.healthy else 0)
-        log.info("reloaded: now serving plan %s (was %s)", self.table.digest, old.digest)
+        log.info("reloaded: now serving plan %s (was %s)", table.digest, old.digest)
 
     def _refuse(self, reason: str) -> None:
         self.refusal = reason

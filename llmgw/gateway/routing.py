@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from llmgw.errors import PlanError
+
 # Which endpoint a model of each task may be sent to. A chat model also completes raw
 # prompts (llama.cpp and vLLM both serve /v1/completions for it); the reverse is not
 # true: a base model has no chat template, and an embedding model generates nothing.
@@ -43,8 +45,12 @@ class Replica:
         # Plans may give the engine's root or its /v1 root; both mean the same engine.
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
-        self.urls = {kind: httpx.URL(base + path) for kind, path in UPSTREAM_PATHS.items()}
         self.health_url = httpx.URL(base + "/health")
+        port = self.health_url.port
+        # httpx takes any number as a port; the failure would wait for the first request.
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"port {port} is not between 1 and 65535")
+        self.urls = {kind: httpx.URL(base + path) for kind, path in UPSTREAM_PATHS.items()}
         self.inflight = 0
         # Unknown is not down: a replica is in rotation until checks say otherwise.
         self.healthy = True
@@ -98,6 +104,29 @@ def _by_weight(tier: tuple[Profile, ...]) -> list[Profile]:
 class RouteTable:
     """A loaded plan, ready to route: lookups by name or alias, and the /v1/models answer."""
 
+    @classmethod
+    def from_plan(
+        cls,
+        plan: dict[str, Any],
+        created: int,
+        replicas_before: Mapping[str, Replica] | None = None,
+    ) -> RouteTable:
+        """The table for a plan that passed its schema; PlanError when it still cannot be routed.
+
+        The schema cannot see everything a URL parser does, and a plan that is accepted
+        and then fails to route has already replaced the file every worker (and the next
+        start) reads.
+        """
+        try:
+            return cls(plan, created, replicas_before)
+        except PlanError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlanError(
+                f"the plan passes its schema but cannot be routed ({type(exc).__name__}: {exc}); "
+                "write it with `llmgw plan` rather than by hand."
+            ) from None
+
     def __init__(
         self,
         plan: dict[str, Any],
@@ -131,7 +160,7 @@ class RouteTable:
         profiles = sorted(doc["profiles"], key=lambda p: p["priority"])  # stable: plan order
         tiers: dict[int, list[Profile]] = {}
         for p in profiles:
-            replicas = tuple(self._replica(r["endpoint"], before) for r in p["replicas"])
+            replicas = tuple(self._replica(r["endpoint"], before, doc, p) for r in p["replicas"])
             tiers.setdefault(p["priority"], []).append(
                 Profile(p["name"], p["served_name"], p["weight"], replicas)
             )
@@ -157,8 +186,19 @@ class RouteTable:
             listing=listing,
         )
 
-    def _replica(self, endpoint: str, before: Mapping[str, Replica]) -> Replica:
-        replica = self.replicas.get(endpoint) or before.get(endpoint) or Replica(endpoint)
+    def _replica(
+        self, endpoint: str, before: Mapping[str, Replica], model: dict[str, Any], profile: dict[str, Any]
+    ) -> Replica:
+        replica = self.replicas.get(endpoint) or before.get(endpoint)
+        if replica is None:
+            try:
+                replica = Replica(endpoint)
+            except (ValueError, httpx.InvalidURL) as exc:
+                raise PlanError(
+                    f"model '{model['name']}' (profile '{profile['name']}') lists the endpoint "
+                    f"{endpoint!r}, which the gateway cannot send to: {exc}. Fix the catalogue's "
+                    "endpoints or the fleet's node address, and plan again."
+                ) from None
         self.replicas[endpoint] = replica
         return replica
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.errors import UsageError
+from llmgw.gateway.routing import RouteTable
 from llmgw.plan import read_plan
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -69,6 +70,8 @@ def serve(plan: Path, bind: str, workers: int) -> None:
     check_bind(bind)
     if workers < 1:
         raise UsageError(f"--workers {workers} cannot serve anything; use 1 or more.")
-    read_plan(plan)  # refuse a bad plan here, in one sentence, not in every worker's traceback
+    # Refuse a bad plan here, in one sentence, not in every worker's traceback; routing it
+    # is part of the check, since that is where a worker would fail next.
+    RouteTable.from_plan(read_plan(plan), created=0)
     argv = gunicorn_argv(bind, workers)
     os.execve(sys.executable, argv, serve_environment(plan))

@@ -139,6 +139,42 @@ def test_a_bad_plan_is_refused_and_the_old_one_keeps_serving(
     assert 'llmgw_plan_reloads_total{result="refused"}' in metrics
 
 
+# Each passes the old schema; the first two pass the new one too, and only building the
+# routes finds them out (httpx refuses the first, no socket takes the second's port).
+UNROUTABLE = ("http://[::::::::::]:9000", "http://127.0.0.1:99999", "http://x:abc")
+
+
+def test_a_deploy_that_cannot_be_routed_is_refused_and_the_plan_file_kept(
+    served: tuple[Gateway, dict[str, Any]],
+) -> None:
+    gw, doc = served
+    before = gw.plan_path.read_bytes()
+    for endpoint in UNROUTABLE:
+        bad = plan_on(endpoint)
+        answer = httpx.post(
+            gw.url + "/admin/plan", json=bad, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+        )
+        assert answer.status_code == 422, answer.text
+        assert endpoint in answer.json()["error"]["message"], "the refusal names the endpoint"
+        assert gw.plan_path.read_bytes() == before, "a restart must still find a plan it can serve"
+    every_worker_serves(gw, doc["digest"])
+
+
+def test_a_plan_file_that_cannot_be_routed_is_refused_by_every_worker(
+    served: tuple[Gateway, dict[str, Any]], engine_b: Engine
+) -> None:
+    gw, doc = served
+    write_plan(gw.plan_path, plan_on(UNROUTABLE[0]))
+    answers = gw.every_worker(refused, 8, "the plan it cannot route")
+    for ready in answers.values():
+        assert ready["digest"] == doc["digest"]
+        assert UNROUTABLE[0] in ready["last_reload"]["reason"]
+    # The refusal must not leave the watcher deaf: the next plan still gets served.
+    fixed = plan_on(engine_b.url)
+    write_plan(gw.plan_path, fixed)
+    every_worker_serves(gw, fixed["digest"])
+
+
 def test_a_request_in_flight_finishes_on_the_replica_it_started_on(
     served: tuple[Gateway, dict[str, Any]], engine_a: Engine, engine_b: Engine
 ) -> None:
@@ -270,6 +306,21 @@ def test_llmgw_serve_refuses_a_bad_plan_in_one_sentence(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "llmgw plan" in done.stderr
+
+
+def test_llmgw_serve_refuses_a_plan_it_cannot_route_in_one_sentence(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, plan_on(UNROUTABLE[0]))
+    done = subprocess.run(
+        [sys.executable, "-m", "llmgw", "serve", "--plan", str(path), "--bind", f"127.0.0.1:{free_port()}"],
+        env=subprocess_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and UNROUTABLE[0] in done.stderr
 
 
 def test_admin_get_plan_returns_the_served_plan_for_the_next_deploy(
