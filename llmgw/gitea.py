@@ -1,8 +1,10 @@
 """Post, or update in place, llmgw's one comment on a Gitea pull request.
 
 Gitea renders no annotations, and older Gitea no job summaries, so this comment is what a
-reviewer reads. It is found again by a marker on its first line: every push to the pull
-request updates the same comment instead of adding another one under it.
+reviewer reads. It is found again by a marker on its first line and by its author, the
+token's own user: every push to the pull request updates the same comment instead of adding
+another one under it, and a reviewer's comment that happens to start with the marker is
+never touched (a token that may write the pull request may edit anyone's comment on it).
 
 Everything comes from the environment Gitea Actions gives a job, so the workflow step is
 one line; errors are sentences (GiteaError) naming the variable or the HTTP answer.
@@ -25,6 +27,13 @@ DEFAULT_MARKER = "<!-- llmgw:pull-request-comment -->"
 # some proxies in front of Gitea refuse large request bodies.
 MAX_BODY_CHARS = 60_000
 TIMEOUT_SECONDS = 30.0
+# Gitea's default cap on a page (MAX_RESPONSE_ITEMS); a long thread spans several pages.
+PAGE_LIMIT = 50
+# Enough for any real thread, and an end to paging a server that answers every page alike.
+MAX_PAGES = 200
+# The user Gitea Actions' job token (GITHUB_TOKEN) acts as, and so the author of the
+# comments it posts; assumed when the token may not read GET /user.
+ACTIONS_LOGIN = "gitea-actions"
 
 
 class GiteaError(LlmgwError):
@@ -117,10 +126,12 @@ def post_comment(
     text = with_marker(body, marker)
     headers = {"Authorization": f"token {pr.token}", "Accept": "application/json"}
     with httpx.Client(headers=headers, timeout=TIMEOUT_SECONDS, transport=transport) as client:
-        comments = _call(client, "GET", f"{pr.api}/issues/{pr.number}/comments", pr)
-        if not isinstance(comments, list):
-            raise GiteaError(f"Gitea at {pr.server} answered the comment list with no list.")
-        ours = [c for c in comments if str(c.get("body", "")).startswith(marker)]
+        me = token_login(client, pr)
+        ours = [
+            c
+            for c in all_comments(client, pr)
+            if str(c.get("body", "")).startswith(marker) and _author(c) == me
+        ]
         if not ours:
             created = _call(
                 client, "POST", f"{pr.api}/issues/{pr.number}/comments", pr, {"body": text}
@@ -136,9 +147,80 @@ def post_comment(
         return Posted("updated", int(updated["id"]), updated.get("html_url"))
 
 
-def _call(client: httpx.Client, method: str, url: str, pr: PullRequest, payload: Any = None) -> Any:
+def token_login(client: httpx.Client, pr: PullRequest) -> str:
+    """The login of the token's user: only comments by it are ours to update.
+
+    A token without the read:user scope is refused GET /user; the job token of Gitea
+    Actions, which the workflow uses, posts as ACTIONS_LOGIN, so that is assumed. Any
+    other refusal is left for the comment calls below to explain.
+    """
     try:
-        response = client.request(method, url, json=payload)
+        response = client.get(f"{pr.server}/api/v1/user")
+    except httpx.HTTPError as exc:
+        raise GiteaError(f"cannot reach Gitea at {pr.server}: {exc}.") from None
+    try:
+        login = response.json().get("login") if response.status_code == 200 else None
+    except (ValueError, AttributeError):
+        login = None
+    return login if isinstance(login, str) and login else ACTIONS_LOGIN
+
+
+def all_comments(client: httpx.Client, pr: PullRequest) -> list[dict[str, Any]]:
+    """Every comment on the pull request, page by page.
+
+    Gitea pages this list; reading only the first page missed our comment on a long
+    thread and posted a second one. The end is an empty or short page, or X-Total-Count
+    when Gitea sends it (a server whose cap is below PAGE_LIMIT sends short pages early);
+    a server that ignores `page` and answers the same comments again ends it too.
+    """
+    url = f"{pr.api}/issues/{pr.number}/comments"
+    comments: dict[int, dict[str, Any]] = {}
+    for page in range(1, MAX_PAGES + 1):
+        response = _request(client, "GET", url, pr, params={"page": page, "limit": PAGE_LIMIT})
+        batch = _json(response, "GET", url)
+        if not isinstance(batch, list):
+            raise GiteaError(f"Gitea at {pr.server} answered the comment list with no list.")
+        new = {i: c for c in batch if (i := _id(c)) is not None and i not in comments}
+        comments.update(new)
+        total = _total_count(response)
+        if not new or (total is not None and len(comments) >= total):
+            break
+        if total is None and len(batch) < PAGE_LIMIT:
+            break
+    return list(comments.values())
+
+
+def _total_count(response: httpx.Response) -> int | None:
+    try:
+        return int(response.headers["X-Total-Count"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _id(comment: Any) -> int | None:
+    ident = comment.get("id") if isinstance(comment, dict) else None
+    return ident if isinstance(ident, int) and not isinstance(ident, bool) else None
+
+
+def _author(comment: dict[str, Any]) -> str | None:
+    user = comment.get("user")
+    return user.get("login") if isinstance(user, dict) else None
+
+
+def _call(client: httpx.Client, method: str, url: str, pr: PullRequest, payload: Any = None) -> Any:
+    return _json(_request(client, method, url, pr, payload), method, url)
+
+
+def _request(
+    client: httpx.Client,
+    method: str,
+    url: str,
+    pr: PullRequest,
+    payload: Any = None,
+    params: dict[str, int] | None = None,
+) -> httpx.Response:
+    try:
+        response = client.request(method, url, json=payload, params=params)
     except httpx.HTTPError as exc:
         raise GiteaError(f"cannot reach Gitea at {pr.server}: {exc}.") from None
     if response.status_code in (401, 403):
@@ -156,6 +238,10 @@ def _call(client: httpx.Client, method: str, url: str, pr: PullRequest, payload:
         raise GiteaError(
             f"Gitea answered {method} {url} with HTTP {response.status_code}: {_message(response)}."
         )
+    return response
+
+
+def _json(response: httpx.Response, method: str, url: str) -> Any:
     try:
         return response.json()
     except ValueError:

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qsl
+
+# What a handler answers: status and JSON body, and optionally response headers.
+Answer = tuple[int, Any] | tuple[int, Any, dict[str, str]]
 
 
 @dataclass
@@ -19,15 +23,23 @@ class FakeGitea:
     owner: str = "team"
     repo: str = "models"
     token: str = "gitea-token"
+    login: str = "gitea-actions"  # the token's user, as Gitea Actions' job token is
+    user_forbidden: bool = False  # GET /api/v1/user answers 403, as without read:user
+    max_limit: int = 50  # Gitea's MAX_RESPONSE_ITEMS: `limit` above it is cut to it
+    paginate: bool = True  # False: an old server that answers every page with all comments
     comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
     url: str = ""
     next_id: int = 100
 
-    def handle(self, method: str, path: str, auth: str | None, body: Any) -> tuple[int, Any]:
+    def handle(self, method: str, path: str, auth: str | None, body: Any, query: Mapping[str, str]) -> Answer:
         self.requests.append((method, path))
         if auth != f"token {self.token}":
             return 401, {"message": "token is required"}
+        if path == "/api/v1/user" and method == "GET":
+            if self.user_forbidden:
+                return 403, {"message": "token does not have at least one of required scope(s)"}
+            return 200, {"id": 1, "login": self.login}
         prefix = f"/api/v1/repos/{self.owner}/{self.repo}/issues/"
         if not path.startswith(prefix):
             return 404, {"message": "repository not found"}
@@ -35,12 +47,13 @@ class FakeGitea:
         if len(rest) == 2 and rest[1] == "comments" and rest[0].isdigit():
             thread = self.comments.setdefault(int(rest[0]), [])
             if method == "GET":
-                return 200, thread
+                return self._page(thread, query)
             if method == "POST":
                 self.next_id += 1
                 comment = {
                     "id": self.next_id,
                     "body": body["body"],
+                    "user": {"login": self.login},
                     "html_url": f"{self.url}/{self.owner}/{self.repo}/pulls/{rest[0]}"
                     f"#issuecomment-{self.next_id}",
                 }
@@ -55,6 +68,14 @@ class FakeGitea:
             return 404, {"message": "comment not found"}
         return 404, {"message": "not found"}
 
+    def _page(self, thread: list[dict[str, Any]], query: Mapping[str, str]) -> Answer:
+        if not self.paginate:
+            return 200, thread
+        page = max(1, int(query.get("page", "1")))
+        limit = min(self.max_limit, max(1, int(query.get("limit", str(self.max_limit)))))
+        start = (page - 1) * limit
+        return 200, thread[start : start + limit], {"X-Total-Count": str(len(thread))}
+
 
 @dataclass
 class FakeGateway:
@@ -64,7 +85,7 @@ class FakeGateway:
     posts: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
 
-    def handle(self, method: str, path: str, auth: str | None, body: Any) -> tuple[int, Any]:
+    def handle(self, method: str, path: str, auth: str | None, body: Any, query: Mapping[str, str]) -> Answer:
         if auth != f"Bearer {self.token}":
             return 401, {"title": "401 Unauthorized"}
         if path != "/admin/plan":
@@ -88,10 +109,15 @@ def serve(app: FakeGitea | FakeGateway) -> Iterator[FakeGitea | FakeGateway]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else None
-            path = self.path.split("?", 1)[0]
-            status, doc = app.handle(self.command, path, self.headers.get("Authorization"), body)
+            path, _, raw_query = self.path.partition("?")
+            query = dict(parse_qsl(raw_query))
+            status, doc, *extra = app.handle(
+                self.command, path, self.headers.get("Authorization"), body, query
+            )
             data = json.dumps(doc).encode()
             self.send_response(status)
+            for name, value in (extra[0] if extra else {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

@@ -131,3 +131,71 @@ def test_an_empty_body_is_refused_before_calling_gitea(tmp_path: Path) -> None:
     assert result.code == 2, result
     assert "comment body is empty" in result.stderr, result
     assert gitea.requests == []
+
+
+def marked(comment_id: int, login: str, text: str = "old\n") -> dict[str, Any]:
+    return {"id": comment_id, "body": f"{DEFAULT_MARKER}\n{text}", "user": {"login": login}}
+
+
+def test_a_reviewers_comment_that_starts_with_the_marker_is_not_ours(tmp_path: Path) -> None:
+    # Gitea lets a token that may write the pull request edit anyone's comment on it.
+    gitea = FakeGitea(login="llmgw-bot")
+    gitea.comments[7] = [marked(5, "alice", "pasted from the bot\n"), marked(6, "llmgw-bot")]
+    with serve(gitea):
+        result = post(tmp_path, gitea, "new\n")
+    assert result.code == 0, result
+    assert "Updated comment 6" in result.stderr, result
+    assert gitea.comments[7][0]["body"] == f"{DEFAULT_MARKER}\npasted from the bot\n"
+    assert ("PATCH", "/api/v1/repos/team/models/issues/comments/5") not in gitea.requests
+
+
+def test_only_a_reviewers_marked_comment_means_ours_is_created(tmp_path: Path) -> None:
+    gitea = FakeGitea(login="llmgw-bot")
+    gitea.comments[7] = [marked(5, "alice")]
+    with serve(gitea):
+        result = post(tmp_path, gitea, "new\n")
+    assert "Created comment 101" in result.stderr, result
+    assert gitea.comments[7][0] == marked(5, "alice")
+
+
+def test_a_token_that_may_not_read_its_user_takes_gitea_actions_comments_as_ours(
+    tmp_path: Path,
+) -> None:
+    gitea = FakeGitea(user_forbidden=True)
+    gitea.comments[7] = [marked(5, "alice"), marked(6, "gitea-actions")]
+    with serve(gitea):
+        result = post(tmp_path, gitea, "new\n")
+    assert result.code == 0, result
+    assert "Updated comment 6" in result.stderr, result
+    assert gitea.comments[7][0] == marked(5, "alice")
+
+
+def others(n: int, first_id: int = 1) -> list[dict[str, Any]]:
+    return [{"id": first_id + i, "body": "LGTM", "user": {"login": "alice"}} for i in range(n)]
+
+
+def test_our_comment_on_a_later_page_is_updated_not_posted_again(tmp_path: Path) -> None:
+    gitea = FakeGitea()
+    gitea.comments[7] = [*others(120), marked(500, "gitea-actions")]
+    with serve(gitea):
+        result = post(tmp_path, gitea, "new\n")
+    assert "Updated comment 500" in result.stderr, result
+    assert len(gitea.comments[7]) == 121, "a long thread must not get a second llmgw comment"
+
+
+def test_pages_are_read_to_the_end_when_gitea_caps_the_page_below_ours(tmp_path: Path) -> None:
+    gitea = FakeGitea(max_limit=30)  # an admin lowered MAX_RESPONSE_ITEMS
+    gitea.comments[7] = [*others(40), marked(500, "gitea-actions")]
+    with serve(gitea):
+        result = post(tmp_path, gitea, "new\n")
+    assert "Updated comment 500" in result.stderr, result
+
+
+def test_a_server_that_ignores_page_is_read_once_more_and_no_further(tmp_path: Path) -> None:
+    gitea = FakeGitea(paginate=False)
+    gitea.comments[7] = [*others(60), marked(500, "gitea-actions")]
+    with serve(gitea):
+        result = post(tmp_path, gitea, "new\n")
+    assert "Updated comment 500" in result.stderr, result
+    lists = [r for r in gitea.requests if r == ("GET", "/api/v1/repos/team/models/issues/7/comments")]
+    assert len(lists) == 2, lists
