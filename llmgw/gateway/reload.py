@@ -43,6 +43,10 @@ class PlanState:
         self.table = RouteTable.from_plan(read_plan(path), created=self._created())
         self.loaded_at = time.time()
         self.refusal: str | None = None
+        # One change at a time: the watcher awaits its read of the file, and a deploy
+        # landing on this worker meanwhile would otherwise be overwritten by the older
+        # plan the watcher read.
+        self._changing = asyncio.Lock()
         metrics.PLAN_INFO.labels(self.table.digest).set(1)
         for endpoint in self.table.replicas:
             metrics.REPLICA_HEALTHY.labels(endpoint).set(1)
@@ -63,7 +67,13 @@ class PlanState:
                 log.exception("checking %s for a new plan failed", self.path)
 
     async def check_file(self) -> None:
-        signature = _signature(self.path)
+        if _signature(self.path) == self._signature:
+            return
+        async with self._changing:
+            await self._check_file()
+
+    async def _check_file(self) -> None:
+        signature = _signature(self.path)  # again: a deploy may have written it meanwhile
         if signature == self._signature:
             return
         if signature is None:
@@ -91,18 +101,19 @@ class PlanState:
         self._signature = signature
         self._adopt(table)
 
-    def accept(self, text: bytes) -> str:
+    async def accept(self, text: bytes) -> str:
         """Check a deployed plan down to its routes, then write it over the plan file and
         serve it. PlanError if it cannot be served; the file is then left as it was, since
         every worker and the next start read it."""
         plan = parse_plan(text, where="the deployed plan")
-        table = self._table_for(plan, created=int(time.time()))
-        tmp = self.path.with_name(f".{self.path.name}.deploy{os.getpid()}")
-        tmp.write_bytes(text)
-        os.replace(tmp, self.path)
-        self._signature = _signature(self.path)
-        self._adopt(table)
-        return self.table.digest
+        async with self._changing:
+            table = self._table_for(plan, created=int(time.time()))
+            tmp = self.path.with_name(f".{self.path.name}.deploy{os.getpid()}")
+            tmp.write_bytes(text)
+            os.replace(tmp, self.path)
+            self._signature = _signature(self.path)
+            self._adopt(table)
+            return self.table.digest
 
     def _table_for(self, plan: dict, created: int) -> RouteTable:
         return RouteTable.from_plan(plan, created=created, replicas_before=self.table.replicas)

@@ -105,7 +105,7 @@ class AdminPlan:
             )
         text = await req.stream.read()
         try:
-            digest = self.state.accept(text)
+            digest = await self.state.accept(text)
         except PlanError as exc:
             raise ApiError(
                 422,
