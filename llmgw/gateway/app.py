@@ -98,7 +98,8 @@ def create_app(settings: Settings | None = None) -> falcon.asgi.App:
 
     models = Models()
     app.add_route("/v1/models", models)
-    app.add_route("/v1/models/{model_id}", models, suffix="item")
+    # `path`, because names may hold a slash (org/model, as vLLM serves them).
+    app.add_route("/v1/models/{model_id:path}", models, suffix="item")
     for kind, path in (
         ("chat", "/v1/chat/completions"),
         ("completion", "/v1/completions"),

@@ -88,7 +88,12 @@ def serialize_http_error(
     req: falcon.asgi.Request, resp: falcon.asgi.Response, exception: falcon.HTTPError
 ) -> None:
     status = exception.status_code
-    if status == 404:
+    if status == 404 and req.path.startswith("/v1/"):
+        message = (
+            f"There is no {req.path} here; the API is GET /v1/models and POST "
+            "/v1/chat/completions, /v1/completions and /v1/embeddings."
+        )
+    elif status == 404:
         message = f"There is no {req.path} here; the API is under /v1 (see GET /v1/models)."
     elif status == 405:
         message = f"{req.path} does not answer {req.method}."

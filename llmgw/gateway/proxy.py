@@ -29,7 +29,7 @@ from llmgw.gateway.access import Access
 from llmgw.gateway.config import Settings
 from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
-from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, RouteTable
+from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -112,7 +112,7 @@ class Proxy:
         body = await _read_body(req, self.limit)
         request = _parse(body)
         requested = request["model"]
-        model = _find(ctx.table, requested)
+        model = ctx.table.lookup(requested)
         ctx.model = model.name
         if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
             raise _wrong_endpoint(model, self.path)
@@ -358,20 +358,6 @@ def _parse(body: bytes) -> dict[str, Any]:
             400, "The request has no `model`; name one from GET /v1/models.", param="model"
         )
     return request
-
-
-def _find(table: RouteTable, name: str) -> Model:
-    model = table.find(name)
-    if model is not None:
-        return model
-    closest = table.closest(name)
-    hint = f"did you mean '{closest}'? " if closest else ""
-    raise ApiError(
-        404,
-        f"There is no model '{name}' here; {hint}GET /v1/models lists them.",
-        param="model",
-        code="model_not_found",
-    )
 
 
 def _wrong_endpoint(model: Model, path: str) -> ApiError:

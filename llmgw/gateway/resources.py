@@ -26,19 +26,9 @@ class Models:
 
     async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str) -> None:
         table = req.context.table
-        body = table.model_bodies.get(model_id)
-        if body is None:
-            closest = table.closest(model_id)
-            hint = f"did you mean '{closest}'? " if closest else ""
-            raise ApiError(
-                404,
-                f"There is no model '{model_id}' here; {hint}GET /v1/models lists them.",
-                param="model",
-                code="model_not_found",
-            )
-        req.context.model = table.find(model_id).name
+        req.context.model = table.lookup(model_id).name
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = body
+        resp.data = table.model_bodies[model_id]
 
 
 class Healthz:

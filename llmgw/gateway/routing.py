@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from llmgw.errors import PlanError
+from llmgw.gateway.errors import ApiError
 
 # Which endpoint a model of each task may be sent to. A chat model also completes raw
 # prompts (llama.cpp and vLLM both serve /v1/completions for it); the reverse is not
@@ -202,8 +203,19 @@ class RouteTable:
         self.replicas[endpoint] = replica
         return replica
 
-    def find(self, name: str) -> Model | None:
-        return self._by_name.get(name)
+    def lookup(self, name: str) -> Model:
+        """The model a client named, by name or alias; else the 404 it should see."""
+        model = self._by_name.get(name)
+        if model is not None:
+            return model
+        closest = self.closest(name)
+        hint = f"did you mean '{closest}'? " if closest else ""
+        raise ApiError(
+            404,
+            f"There is no model '{name}' here; {hint}GET /v1/models lists them.",
+            param="model",
+            code="model_not_found",
+        )
 
     def closest(self, name: str) -> str | None:
         """The served name most like `name`, to suggest in a 404."""

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from harness import (
     DIGEST_HEADER,
@@ -53,6 +54,7 @@ def gw(
                 ],
             ),
             model("nowhere", [profile([dead_endpoint("127.0.0.7")], "nowhere")]),
+            model("org/model", [profile([a], "org/model")]),
         ]
     )
     path = tmp_path_factory.mktemp("api") / "plan.json"
@@ -115,6 +117,24 @@ def test_an_unknown_model_id_is_404_naming_the_closest(gw: Gateway) -> None:
     answer = httpx.get(gw.url + "/v1/models/chat-b", timeout=10)
     assert answer.status_code == 404
     assert "chat-a" in error_of(answer)["message"]
+
+
+def test_a_model_whose_name_holds_a_slash_is_found(gw: Gateway) -> None:
+    answer = httpx.get(gw.url + "/v1/models/org/model", timeout=10)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["id"] == "org/model"
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    assert client.models.retrieve("org/model").id == "org/model"
+    missing = httpx.get(gw.url + "/v1/models/org/modle", timeout=10)
+    assert missing.status_code == 404
+    assert "'org/model'" in error_of(missing)["message"], "the 404 names the closest model"
+
+
+def test_an_unknown_path_under_v1_is_not_told_the_api_is_under_v1(gw: Gateway) -> None:
+    answer = httpx.get(gw.url + "/v1/nothing", timeout=10)
+    assert answer.status_code == 404
+    message = error_of(answer)["message"]
+    assert "under /v1" not in message and "/v1/chat/completions" in message
 
 
 # --- proxying ------------------------------------------------------------------------------
