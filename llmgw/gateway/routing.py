@@ -9,10 +9,11 @@ and in-flight counts describe the engine, not the plan that happened to list it.
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import random
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -64,6 +65,17 @@ class Profile:
     served_name: str
     weight: int
     replicas: tuple[Replica, ...]
+    _turns: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
+
+    def in_turn(self) -> tuple[Replica, ...]:
+        """The replicas, starting one further along each time. "Fewest in flight" picks the
+        first of equals, so without this, one client asking one question at a time would
+        only ever reach the first replica."""
+        count = len(self.replicas)
+        if count < 2:
+            return self.replicas
+        start = next(self._turns) % count
+        return self.replicas[start:] + self.replicas[:start]
 
 
 @dataclass(frozen=True)
@@ -79,7 +91,7 @@ class Model:
         """Replicas to try, best first: by tier, then weight, then fewest in flight."""
         for tier in self.tiers:
             for profile in tier if len(tier) == 1 else _by_weight(tier):
-                healthy = [r for r in profile.replicas if r.healthy]
+                healthy = [r for r in profile.in_turn() if r.healthy]
                 while healthy:
                     best = min(healthy, key=_inflight)
                     yield profile, best

@@ -55,6 +55,7 @@ def gw(
             ),
             model("nowhere", [profile([dead_endpoint("127.0.0.7")], "nowhere")]),
             model("org/model", [profile([a], "org/model")]),
+            model("spread", [profile([a, b], "spread")]),
         ]
     )
     path = tmp_path_factory.mktemp("api") / "plan.json"
@@ -186,6 +187,18 @@ def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(gw: Gatewa
 
 
 # --- routing and failover ------------------------------------------------------------------
+
+
+def test_one_request_at_a_time_still_reaches_every_replica(gw: Gateway) -> None:
+    # Each worker takes its turns on its own; of six requests one worker gets at least
+    # three, and those must not all go to the first replica.
+    seen = set()
+    for _ in range(6):
+        with httpx.Client(timeout=30) as fresh:
+            answer = fresh.post(gw.url + "/v1/chat/completions", json=chat("spread"))
+        assert answer.status_code == 200, answer.text
+        seen.add(answer.json()["system_fingerprint"])
+    assert seen == {"a", "b"}
 
 
 def test_a_dead_replica_is_skipped_and_no_request_fails(gw: Gateway) -> None:
