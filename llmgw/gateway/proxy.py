@@ -109,7 +109,14 @@ class Proxy:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         ctx = req.context
-        body = await _read_body(req, self.limit)
+        body = await read_body(
+            req,
+            self.limit,
+            f"The request body is over the gateway's limit of {self.limit} bytes; "
+            "send less input per request (or raise LLMGW_MAX_BODY_BYTES).",
+        )
+        if not body:
+            raise ApiError(400, "The request has no body; send a JSON object with at least `model`.")
         request = _parse(body)
         requested = request["model"]
         model = ctx.table.lookup(requested)
@@ -317,32 +324,20 @@ class Relay:
             self.proxy.access.finish(self.req, self.status)
 
 
-async def _read_body(req: falcon.asgi.Request, limit: int) -> bytes:
+async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> bytes:
+    """The whole body; 413 saying `too_large` once it is over `limit` bytes, declared or not."""
     length = req.content_length
     if length is not None and length > limit:
-        raise _too_large(limit)
+        raise ApiError(413, too_large, code="request_too_large")
     if length is not None:
-        body = await req.stream.read()
-    else:  # chunked upload: count as it comes
-        parts, total = [], 0
-        async for part in req.stream:
-            total += len(part)
-            if total > limit:
-                raise _too_large(limit)
-            parts.append(part)
-        body = b"".join(parts)
-    if not body:
-        raise ApiError(400, "The request has no body; send a JSON object with at least `model`.")
-    return body
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(
-        413,
-        f"The request body is over the gateway's limit of {limit} bytes; "
-        "send less input per request (or raise LLMGW_MAX_BODY_BYTES).",
-        code="request_too_large",
-    )
+        return bytes(await req.stream.read())
+    parts, total = [], 0  # chunked upload: count as it comes
+    async for part in req.stream:
+        total += len(part)
+        if total > limit:
+            raise ApiError(413, too_large, code="request_too_large")
+        parts.append(part)
+    return b"".join(parts)
 
 
 def _parse(body: bytes) -> dict[str, Any]:

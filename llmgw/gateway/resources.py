@@ -13,6 +13,7 @@ import falcon.asgi
 from llmgw.errors import PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.proxy import read_body
 from llmgw.gateway.reload import PlanState
 from llmgw.plan import dump_plan
 
@@ -87,13 +88,11 @@ class AdminPlan:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         self._authorize(req.get_header("Authorization"))
-        if req.content_length is not None and req.content_length > self.limit:
-            raise ApiError(
-                413,
-                f"The plan is over the gateway's limit of {self.limit} bytes; raise LLMGW_MAX_BODY_BYTES.",
-                code="request_too_large",
-            )
-        text = await req.stream.read()
+        text = await read_body(
+            req,
+            self.limit,
+            f"The plan is over the gateway's limit of {self.limit} bytes; raise LLMGW_MAX_BODY_BYTES.",
+        )
         try:
             digest = await self.state.accept(text)
         except PlanError as exc:

@@ -50,7 +50,9 @@ def served(tmp_path: Path, engine_a: Engine) -> Iterator[tuple[Gateway, dict[str
     write_plan(path, doc)
     keys = tmp_path / "keys.txt"
     keys.write_text(f"# test keys\n{key_digest(KEY)}\n")
-    with gateway(path, LLMGW_API_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN) as gw:
+    with gateway(
+        path, LLMGW_API_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN, LLMGW_MAX_BODY_BYTES="65536"
+    ) as gw:
         yield gw, doc
 
 
@@ -233,6 +235,24 @@ def test_deploy_serves_a_good_plan_and_refuses_a_bad_one(
     assert refused.returncode != 0
     assert "refused" in refused.stderr and "schema" in refused.stderr
     assert httpx.get(gw.url + "/readyz", timeout=10).json()["digest"] == new["digest"]
+
+
+def test_a_chunked_deploy_over_the_body_limit_is_413(served: tuple[Gateway, dict[str, Any]]) -> None:
+    gw, doc = served
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit must be counted
+        for _ in range(20):
+            yield b" " * 8192
+
+    answer = httpx.post(
+        gw.url + "/admin/plan",
+        content=chunks(),
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=10,
+    )
+    assert answer.status_code == 413, answer.text
+    assert "65536" in answer.json()["error"]["message"]
+    assert httpx.get(gw.url + "/readyz", timeout=10).json()["digest"] == doc["digest"]
 
 
 def test_the_official_openai_client_works_against_the_gateway(
