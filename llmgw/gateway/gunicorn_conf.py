@@ -3,7 +3,27 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+from pathlib import Path
 from typing import Any
+
+# Set by `llmgw serve` to the metrics directory it made, so only that one is removed.
+MADE_METRICS_DIR = "LLMGW_MADE_METRICS_DIR"
+
+# The files prometheus_client keeps per process: counter_123.db, gauge_liveall_123.db, …
+_METRICS_FILE = re.compile(r"^(counter|gauge|histogram|summary)_.*\.db$")
+
+
+def on_starting(server: Any) -> None:
+    # A directory the operator keeps across restarts still holds the last run's files,
+    # and /metrics would add those dead pids' counts to this run's.
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory or not os.path.isdir(directory):
+        return
+    for path in Path(directory).iterdir():
+        if _METRICS_FILE.match(path.name):
+            path.unlink(missing_ok=True)
 
 
 def child_exit(server: Any, worker: Any) -> None:
@@ -12,6 +32,13 @@ def child_exit(server: Any, worker: Any) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server: Any) -> None:
+    # A fresh directory per start would otherwise pile up in /tmp, one per restart.
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory and os.environ.get(MADE_METRICS_DIR) == directory:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # gunicorn 24+ opens a control socket at one fixed path per user; two gateways on one

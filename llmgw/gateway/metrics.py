@@ -1,8 +1,9 @@
 """Prometheus metrics, one set per process.
 
 With several gunicorn workers each is its own process, so `llmgw serve` points
-PROMETHEUS_MULTIPROC_DIR at a fresh directory and /metrics sums the workers' files; without
-it (one process, e.g. in a debugger) the default registry answers.
+PROMETHEUS_MULTIPROC_DIR at a fresh directory (removed when it exits) and /metrics sums
+the workers' files; without it (one process, e.g. in a debugger) the default registry
+answers.
 """
 
 from __future__ import annotations

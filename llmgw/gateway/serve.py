@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.errors import UsageError
+from llmgw.gateway.gunicorn_conf import MADE_METRICS_DIR
 from llmgw.gateway.routing import RouteTable
 from llmgw.plan import read_plan
 
@@ -50,8 +51,13 @@ def serve_environment(plan: Path, base: Mapping[str, str] | None = None) -> dict
     env = dict(os.environ if base is None else base)
     env["LLMGW_PLAN"] = str(plan.resolve())
     # Workers are separate processes; metrics are summed from files in this directory.
-    if not env.get("PROMETHEUS_MULTIPROC_DIR"):
-        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="llmgw-metrics-")
+    # gunicorn_conf empties it at start, and removes it at exit if it was made here.
+    if env.get("PROMETHEUS_MULTIPROC_DIR"):
+        env.pop(MADE_METRICS_DIR, None)  # the operator's, even if inherited from another run
+    else:
+        env["PROMETHEUS_MULTIPROC_DIR"] = env[MADE_METRICS_DIR] = tempfile.mkdtemp(
+            prefix="llmgw-metrics-"
+        )
     # Workers must import this same llmgw, installed or not.
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if _PACKAGE_ROOT not in paths:
