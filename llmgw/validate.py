@@ -54,6 +54,10 @@ def _explain(doc: Document, error: ValidationError) -> list[Finding]:
         return [doc.finding("error", "schema", path,
                             f"{field or 'the file'} must be {_article(want_text)} {want_text}, "
                             f"not {_describe(error.instance)}.")]
+    if error.validator == "pattern" and "endpoints" in path:
+        return [doc.finding("error", "schema", path,
+                            f"{field} {error.instance!r} is not an engine address the gateway "
+                            "can reach; write http://HOST:PORT, optionally ending in /v1.")]
     if error.validator == "pattern" and path and path[-1] == "name":
         return [doc.finding("error", "schema", path,
                             f"{field} {error.instance!r} is not a usable name: use letters, digits "

@@ -5,6 +5,11 @@ second. Deploys write a new file and rename it over the old one, so the identity
 exactly once per deploy and a worker never sees half a plan. A plan that cannot be read
 or does not validate is refused: the old table keeps serving and the refusal is kept, so
 /readyz and the dashboard can say why the deploy did not take.
+
+Every plan a worker serves is also kept beside the plan file as `.NAME.last-good`. A
+worker that starts while the plan file is bad (gunicorn replaces a worker that died, or
+the operator restarts the service after a bad file was copied in) serves that instead:
+without it, one bad file and one worker restart took the whole gateway down.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 from llmgw.errors import PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.routing import RouteTable
-from llmgw.plan import parse_plan, read_plan
+from llmgw.plan import dump_plan, parse_plan, read_plan
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -33,16 +38,35 @@ def _signature(path: Path) -> _Signature:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def last_good_path(plan: Path) -> Path:
+    return plan.with_name(f".{plan.name}.last-good")
+
+
+class PlanWriteError(Exception):
+    """The plan was fine; the gateway's disk was not."""
+
+
 class PlanState:
     """What this worker serves now, and what became of the last attempt to change it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.last_good = last_good_path(path)
         self._signature: _Signature = _signature(path)
-        # A gateway without a plan would answer every request 404; refuse to start instead.
-        self.table = RouteTable.from_plan(read_plan(path), created=self._created())
-        self.loaded_at = time.time()
         self.refusal: str | None = None
+        try:
+            self.table = RouteTable.from_plan(read_plan(path), created=self._created())
+        except PlanError as exc:
+            # A gateway without a plan would answer every request 404: with no last good
+            # plan either, refuse to start.
+            if not self.last_good.is_file():
+                raise
+            self.table = RouteTable.from_plan(read_plan(self.last_good), created=self._created())
+            self.refusal = f"{exc} Serving the last good plan {self.table.digest} instead."
+            metrics.RELOADS.labels("refused").inc()
+            log.error("refused the plan file at start: %s", self.refusal)
+        self.loaded_at = time.time()
+        self._keep_as_last_good()
         # One change at a time: the watcher awaits its read of the file, and a deploy
         # landing on this worker meanwhile would otherwise be overwritten by the older
         # plan the watcher read.
@@ -109,8 +133,15 @@ class PlanState:
         async with self._changing:
             table = self._table_for(plan, created=int(time.time()))
             tmp = self.path.with_name(f".{self.path.name}.deploy{os.getpid()}")
-            tmp.write_bytes(text)
-            os.replace(tmp, self.path)
+            try:
+                tmp.write_bytes(text)
+                os.replace(tmp, self.path)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise PlanWriteError(
+                    f"the gateway cannot write its plan file {self.path}: "
+                    f"{exc.strerror or exc}; the operator must make its folder writable."
+                ) from None
             self._signature = _signature(self.path)
             self._adopt(table)
             return self.table.digest
@@ -125,6 +156,7 @@ class PlanState:
         self.table = table
         self.loaded_at = time.time()
         self.refusal = None
+        self._keep_as_last_good()
         metrics.RELOADS.labels("loaded").inc()
         if table.digest != old.digest:
             metrics.PLAN_INFO.labels(old.digest).set(0)
@@ -132,6 +164,17 @@ class PlanState:
         for endpoint, replica in table.replicas.items():
             metrics.REPLICA_HEALTHY.labels(endpoint).set(1 if replica.healthy else 0)
         log.info("reloaded: now serving plan %s (was %s)", table.digest, old.digest)
+
+    def _keep_as_last_good(self) -> None:
+        if self.refusal is not None:
+            return  # serving the last good plan already
+        tmp = self.last_good.with_name(f"{self.last_good.name}.{os.getpid()}")
+        try:
+            tmp.write_text(dump_plan(self.table.plan), encoding="utf-8")
+            os.replace(tmp, self.last_good)
+        except OSError as exc:
+            log.warning("cannot keep a copy of the plan at %s: %s", self.last_good, exc)
+            tmp.unlink(missing_ok=True)
 
     def _refuse(self, reason: str) -> None:
         self.refusal = reason

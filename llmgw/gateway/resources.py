@@ -14,7 +14,7 @@ from llmgw.errors import PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.proxy import read_body
-from llmgw.gateway.reload import PlanState
+from llmgw.gateway.reload import PlanState, PlanWriteError
 from llmgw.plan import dump_plan
 
 
@@ -100,6 +100,13 @@ class AdminPlan:
                 422,
                 f"Plan refused, the gateway still serves {self.state.table.digest}: {exc}",
                 code="plan_refused",
+            ) from None
+        except PlanWriteError as exc:
+            raise ApiError(
+                500,
+                f"Plan not deployed, the gateway still serves {self.state.table.digest}: {exc}",
+                type="server_error",
+                code="plan_not_written",
             ) from None
         resp.content_type = falcon.MEDIA_JSON
         resp.data = json.dumps({"digest": digest}).encode()

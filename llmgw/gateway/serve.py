@@ -13,8 +13,9 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from llmgw.errors import UsageError
+from llmgw.errors import PlanError, UsageError
 from llmgw.gateway.gunicorn_conf import MADE_METRICS_DIR
+from llmgw.gateway.reload import last_good_path
 from llmgw.gateway.routing import RouteTable
 from llmgw.plan import read_plan
 
@@ -78,6 +79,16 @@ def serve(plan: Path, bind: str, workers: int) -> None:
         raise UsageError(f"--workers {workers} cannot serve anything; use 1 or more.")
     # Refuse a bad plan here, in one sentence, not in every worker's traceback; routing it
     # is part of the check, since that is where a worker would fail next.
-    RouteTable.from_plan(read_plan(plan), created=0)
+    try:
+        RouteTable.from_plan(read_plan(plan), created=0)
+    except PlanError as exc:
+        # A restart must not turn one bad file into an outage: the workers fall back to the
+        # last plan they served, and /readyz and the dashboard say why.
+        last_good = last_good_path(plan)
+        if not last_good.is_file():
+            raise
+        RouteTable.from_plan(read_plan(last_good), created=0)
+        print(f"llmgw: {exc} Serving the last good plan ({last_good}) until a good one "
+              "replaces it.", file=sys.stderr)
     argv = gunicorn_argv(bind, workers)
     os.execve(sys.executable, argv, serve_environment(plan))

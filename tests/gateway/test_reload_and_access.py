@@ -276,39 +276,64 @@ def test_the_official_openai_client_works_against_the_gateway(
         openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-bad", max_retries=0).models.list()
 
 
+def _llmgw_serve(path: Path, port: int) -> subprocess.Popen[bytes]:
+    argv = ["serve", "--plan", str(path), "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "llmgw", *argv],
+        env=subprocess_env(),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _ready(url: str) -> dict[str, Any]:
+    answer = wait_until(
+        lambda: httpx.get(url + "/readyz", timeout=2), 30, "llmgw serve to come up"
+    )
+    return dict(answer.json())
+
+
 def test_llmgw_serve_runs_the_gateway(tmp_path: Path) -> None:
     with start_engine("solo", "127.0.0.8") as solo:
         path = tmp_path / "plan.json"
         write_plan(path, plan_on(solo.url))
         port = free_port()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "llmgw",
-                "serve",
-                "--plan",
-                str(path),
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                "1",
-            ],
-            env=subprocess_env(),
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        proc = _llmgw_serve(path, port)
         try:
             url = f"http://127.0.0.1:{port}"
-            wait_until(
-                lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200, 30, "llmgw serve to come up"
-            )
+            _ready(url)
             answer = httpx.post(
                 url + "/v1/chat/completions", timeout=30, json={"model": "chat", "messages": []}
             )
             assert answer.json()["system_fingerprint"] == "solo"
+        finally:
+            stop(proc)
+
+
+def test_a_restart_after_a_bad_plan_file_serves_the_last_good_plan(tmp_path: Path) -> None:
+    with start_engine("solo", "127.0.0.8") as solo:
+        path = tmp_path / "plan.json"
+        good = plan_on(solo.url)
+        write_plan(path, good)
+        url = f"http://127.0.0.1:{free_port()}"
+        proc = _llmgw_serve(path, int(url.rsplit(":", 1)[1]))
+        try:
+            _ready(url)
+        finally:
+            stop(proc)
+        path.write_text('{"format_version": "1"}')  # copied in by hand, say
+        proc = _llmgw_serve(path, int(url.rsplit(":", 1)[1]))
+        try:
+            ready = _ready(url)
+            assert ready["digest"] == good["digest"]
+            assert ready["last_reload"]["result"] == "refused"
+            assert "last good plan" in ready["last_reload"]["reason"]
+            answer = httpx.post(
+                url + "/v1/chat/completions", timeout=30, json={"model": "chat", "messages": []}
+            )
+            assert answer.status_code == 200
         finally:
             stop(proc)
 

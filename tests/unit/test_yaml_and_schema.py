@@ -81,3 +81,11 @@ def test_every_finding_is_reported_in_one_run(tmp_path):
     })
     assert {f.rule for f in result.findings} >= {"yaml", "unknown-field", "sharded-source"}
     assert {f.file.rsplit("/", 1)[-1] for f in result.findings} == {"a.yaml", "b.yaml", "c.yaml"}
+
+
+def test_an_endpoint_the_gateway_could_not_route_is_refused_by_lint(tmp_path):
+    profile = '    endpoints: ["http://127.0.0.51:abc"]\n'
+    result = run(tmp_path, {"a.yaml": model_yaml(profile_extra=profile, weights=None)})
+    [finding] = by_rule(result, "schema")
+    assert finding.line == 9 and "'http://127.0.0.51:abc' is not an engine address" in finding.message
+    assert "http://HOST:PORT" in finding.message
