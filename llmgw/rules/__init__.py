@@ -6,8 +6,8 @@ defaults; a rule never prints and never stops the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -45,6 +45,20 @@ class Entry:
 class Context:
     entries: list[Entry]
     fleet: Fleet
+    _answers: dict[Hashable, object] = field(default_factory=dict)
+
+    def placed_profiles(self) -> Iterator[tuple[Entry, Profile]]:
+        """Profiles the fleet must run: every one without endpoints of its own."""
+        for entry in self.entries:
+            for profile in entry.spec.profiles:
+                if not profile.external:
+                    yield entry, profile
+
+    def once(self, key: Hashable, compute: Callable[..., object], *args: object) -> object:
+        """Thousands of profiles share a handful of selectors: answer each question once."""
+        if key not in self._answers:
+            self._answers[key] = compute(*args)
+        return self._answers[key]
 
 
 Rule = Callable[[Context], Iterable[Finding]]

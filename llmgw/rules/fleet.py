@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from llmgw.findings import Finding
 from llmgw.model import GPU_ENGINES, Fleet, Profile
@@ -10,15 +11,10 @@ from llmgw.rules import Context, Entry
 
 
 def check(ctx: Context) -> Iterator[Finding]:
-    runs: dict[tuple[object, ...], bool | None] = {}
-    for entry in ctx.entries:
-        for profile in entry.spec.profiles:
-            if profile.external:
-                continue
-            key = (tuple(sorted(profile.node_selector.items())), profile.engine)
-            if key not in runs:
-                runs[key] = _may_run(ctx.fleet, profile)
-            yield from _check_profile(entry, profile, ctx.fleet, runs[key])
+    for entry, profile in ctx.placed_profiles():
+        key = ("may-run", tuple(sorted(profile.node_selector.items())), profile.engine)
+        may_run = cast("bool | None", ctx.once(key, _may_run, ctx.fleet, profile))
+        yield from _check_profile(entry, profile, ctx.fleet, may_run)
 
 
 def _may_run(fleet: Fleet, profile: Profile) -> bool | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from llmgw.findings import Finding
 from llmgw.model import Fleet, Node, Profile
@@ -10,15 +11,10 @@ from llmgw.rules import Context, Entry
 
 
 def check(ctx: Context) -> Iterator[Finding]:
-    largest: dict[tuple[object, ...], tuple[Node, float] | None] = {}
-    for entry in ctx.entries:
-        for profile in entry.spec.profiles:
-            if profile.external:
-                continue
-            key = (tuple(sorted(profile.node_selector.items())), profile.gpus_needed)
-            if key not in largest:
-                largest[key] = _largest(ctx.fleet, profile)
-            yield from _check_profile(entry, profile, ctx.fleet, largest[key])
+    for entry, profile in ctx.placed_profiles():
+        key = ("largest", tuple(sorted(profile.node_selector.items())), profile.gpus_needed)
+        largest = cast("tuple[Node, float] | None", ctx.once(key, _largest, ctx.fleet, profile))
+        yield from _check_profile(entry, profile, largest)
 
 
 def capacity_gb(node: Node, profile: Profile) -> float:
@@ -40,7 +36,7 @@ def _largest(fleet: Fleet, profile: Profile) -> tuple[Node, float] | None:
 
 
 def _check_profile(
-    entry: Entry, profile: Profile, fleet: Fleet, largest_node: tuple[Node, float] | None
+    entry: Entry, profile: Profile, largest_node: tuple[Node, float] | None
 ) -> Iterator[Finding]:
     path = entry.profile_path(profile)
     memory = entry.memory(profile)

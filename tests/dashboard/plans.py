@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from llmgw.plan import plan_digest
+from tests.plans import plan_document
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,20 +73,7 @@ def make_model(
 
 
 def make_plan(models: list[dict[str, Any]]) -> dict[str, Any]:
-    plan: dict[str, Any] = {
-        "format_version": "1",
-        "digest": "",
-        "generated_by": {"tool": "llmgw", "version": "0.1.0"},
-        "inputs": {
-            "catalog": "catalog",
-            "fleet": {"path": "fleet.yaml", "sha256": "0" * 64},
-            "files": [],
-        },
-        "nodes": [],
-        "models": models,
-    }
-    plan["digest"] = plan_digest(plan)
-    return plan
+    return plan_document(models)
 
 
 def sample_models(endpoints: list[str]) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ killed by whoever started it, in a `finally`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import json
 import os
@@ -30,7 +29,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from llmgw.gateway.serve import gunicorn_argv, serve_environment  # noqa: E402
-from llmgw.plan import dump_plan, plan_digest  # noqa: E402
+from llmgw.plan import dump_plan  # noqa: E402
+from tests.plans import plan_document  # noqa: E402
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -139,20 +139,7 @@ def model(
 
 
 def plan(models: list[dict[str, Any]]) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "format_version": "1",
-        "digest": "",
-        "generated_by": {"tool": "llmgw", "version": "0.1.0"},
-        "inputs": {
-            "catalog": "catalog",
-            "fleet": {"path": "fleet.yaml", "sha256": "0" * 64},
-            "files": [],
-        },
-        "nodes": [],
-        "models": copy.deepcopy(models),
-    }
-    doc["digest"] = plan_digest(doc)
-    return doc
+    return plan_document(models)
 
 
 def write_plan(path: Path, doc: dict[str, Any]) -> None:

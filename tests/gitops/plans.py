@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from llmgw.plan import plan_digest
+from tests.plans import plan_document
 
 FILE_SHA = "0" * 64
 
@@ -72,20 +71,8 @@ def model(
 
 
 def plan(models: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "format_version": "1",
-        "digest": "",
-        "generated_by": {"tool": "llmgw", "version": "0.1.0"},
-        "inputs": {
-            "catalog": "catalog",
-            "fleet": {"path": "fleet.yaml", "sha256": FILE_SHA},
-            "files": [],
-        },
-        "nodes": copy.deepcopy(nodes),
-        "models": sorted(copy.deepcopy(models), key=lambda m: m["name"]),
-    }
-    doc["digest"] = plan_digest(doc)
-    return doc
+    # Sorted by name, as `llmgw plan` writes them.
+    return plan_document(sorted(models, key=lambda m: m["name"]), nodes, fleet_sha=FILE_SHA)
 
 
 CPU = [node("cpu-1", "127.0.0.11"), node("cpu-2", "127.0.0.12"), node("cpu-3", "127.0.0.13")]
