@@ -2,8 +2,15 @@
 
 The request is checked against the model before any replica is bothered. Then replicas are
 tried best first (see routing.Model.candidates): a refused connection or a 5xx moves on to
-the next, because the client has seen nothing yet. Once an answer has started, its bytes go
-to the client as they arrive and nothing is retried, since a client cannot un-read a token.
+the next, because the client has seen nothing yet. The response status goes to the client
+only once the engine's first body byte has arrived: engines send their headers before the
+prompt is processed (vLLM does), so a status sent with them would turn a first-byte timeout
+into "200, then an error event" and rule out trying another replica. Once an answer has
+started, its bytes go to the client as they arrive and nothing is retried, since a client
+cannot un-read a token.
+
+Two clocks: the first-byte timeout runs once, from when a replica is asked until its first
+body byte (headers included); after that, each wait between chunks has the chunk timeout.
 
 Nothing here holds a thread: one task per request, plus one small task that notices the
 client going away and cancels the upstream request, so an abandoned generation stops
@@ -17,7 +24,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import falcon
@@ -96,12 +103,14 @@ class Proxy:
         self.health = health
         self.access = access
         self.limit = settings.max_body_bytes
+        self.first_byte_timeout = settings.first_byte_timeout
         self.chunk_timeout = settings.chunk_timeout
-        # httpx's read timeout covers the wait for the headers and for the first chunk:
-        # the first-byte allowance. Later chunks get the (shorter) between-chunk timeout.
+        # No read timeout in the transport: it would apply to every wait alike, and the
+        # first byte and the gaps after it have different limits, enforced here (see
+        # `_attempt` and `Relay`).
         self.timeouts = {
             "connect": settings.connect_timeout,
-            "read": settings.first_byte_timeout,
+            "read": None,
             "write": settings.chunk_timeout,
             "pool": settings.connect_timeout,
         }
@@ -126,19 +135,20 @@ class Proxy:
         _check_max_tokens(model, request)
         watch = Disconnect(req.scope.get("llmgw.receive"))
         try:
-            upstream, replica = await self._open(model, requested, request, body, ctx, watch)
+            answer = await self._open(model, requested, request, body, ctx, watch)
         except BaseException:
             watch.stop()
             raise
-        ctx.replica = replica.endpoint
+        ctx.replica = answer.replica.endpoint
         ctx.streaming = True
+        upstream = answer.upstream
         resp.status = upstream.status_code
         headers = upstream.headers
         resp.content_type = headers.get("content-type", falcon.MEDIA_JSON)
         length = headers.get("content-length")
         if length is not None and length.isdigit():
             resp.content_length = int(length)
-        resp.stream = Relay(self, req, upstream, replica, watch)
+        resp.stream = Relay(self, req, answer, watch)
 
     async def _open(
         self,
@@ -148,7 +158,7 @@ class Proxy:
         body: bytes,
         ctx: Any,
         watch: Disconnect,
-    ) -> tuple[httpx.Response, Replica]:
+    ) -> Answer:
         headers = [("content-type", "application/json"), ("x-request-id", ctx.request_id)]
         rewritten: dict[str, bytes] = {}
         tried = 0
@@ -169,21 +179,20 @@ class Proxy:
                 extensions={"timeout": dict(self.timeouts)},
             )
             replica.inflight += 1
-            watch.waiting = True
             try:
-                upstream = await self.client.send(outgoing, stream=True)
+                answer = await self._attempt(outgoing, replica, watch)
             except _NOT_TAKEN as exc:
                 replica.inflight -= 1
                 metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
                 self.health.failed(replica, f"request failed: {type(exc).__name__}")
                 last = f"{replica.endpoint} could not be reached ({type(exc).__name__})"
                 continue
-            except httpx.TimeoutException:
+            except (TimeoutError, httpx.TimeoutException):
                 replica.inflight -= 1
                 metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
                 raise ApiError(
                     504,
-                    f"{model.name} did not start answering within {self.timeouts['read']:g}s "
+                    f"{model.name} did not start answering within {self.first_byte_timeout:g}s "
                     f"(replica {replica.endpoint}). Retry, or raise LLMGW_FIRST_BYTE_TIMEOUT "
                     "if long prompts are normal here.",
                     type="timeout_error",
@@ -199,17 +208,17 @@ class Proxy:
                 if watch.absorb():
                     raise ApiError(CLIENT_GONE, "client went away") from None
                 raise
-            finally:
-                watch.waiting = False
-            if upstream.status_code >= 500:
-                await upstream.aclose()
+            status = answer.upstream.status_code
+            if status >= 500:
+                await answer.upstream.aclose()
                 replica.inflight -= 1
                 metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
-                self.health.failed(replica, f"answered {upstream.status_code}")
-                last = f"{replica.endpoint} answered {upstream.status_code}"
+                self.health.failed(replica, f"answered {status}")
+                last = f"{replica.endpoint} answered {status}"
                 continue
             replica.failures = 0
-            return upstream, replica
+            ctx.ttfb = time.perf_counter() - ctx.start
+            return answer
         if not tried:
             raise ApiError(
                 503,
@@ -228,6 +237,42 @@ class Proxy:
             code="upstream_unreachable",
         )
 
+    async def _attempt(self, outgoing: httpx.Request, replica: Replica, watch: Disconnect) -> Answer:
+        """Ask one replica; return once its first body byte (or its whole, empty answer) is
+        here, within one first-byte allowance for the headers and that byte together."""
+        upstream: httpx.Response | None = None
+        watch.waiting = True
+        try:
+            async with asyncio.timeout(self.first_byte_timeout):
+                upstream = await self.client.send(outgoing, stream=True)
+                chunks = upstream.aiter_raw()
+                if upstream.status_code >= 500:
+                    return Answer(upstream, replica, chunks, b"")  # not read: it is retried
+                first = await anext(chunks, b"")
+        except BaseException:
+            watch.waiting = False
+            if upstream is not None:
+                # Unfinished: closing drops the connection, so the engine stops working on it.
+                await upstream.aclose()
+            raise
+        finally:
+            watch.waiting = False
+        return Answer(upstream, replica, chunks, first)
+
+
+class Answer:
+    """A replica's answer whose first body bytes are in hand: what may go to the client."""
+
+    __slots__ = ("upstream", "replica", "chunks", "first")
+
+    def __init__(
+        self, upstream: httpx.Response, replica: Replica, chunks: AsyncIterator[bytes], first: bytes
+    ) -> None:
+        self.upstream = upstream
+        self.replica = replica
+        self.chunks = chunks
+        self.first = first
+
 
 class Relay:
     """The upstream's answer, chunk by chunk, as falcon's response stream.
@@ -237,22 +282,16 @@ class Relay:
     """
 
     def __init__(
-        self,
-        proxy: Proxy,
-        req: falcon.asgi.Request,
-        upstream: httpx.Response,
-        replica: Replica,
-        watch: Disconnect,
+        self, proxy: Proxy, req: falcon.asgi.Request, answer: Answer, watch: Disconnect
     ) -> None:
         self.proxy = proxy
         self.req = req
-        self.upstream = upstream
-        self.replica = replica
+        self.upstream = answer.upstream
+        self.replica = answer.replica
         self.watch = watch
-        self.chunks = upstream.aiter_raw()
-        self.first = True
-        self.status = upstream.status_code
-        self.tail: bytes | None = None
+        self.chunks = answer.chunks
+        self.first: bytes | None = answer.first or None
+        self.status = answer.upstream.status_code
         self.closed = False
 
     def __aiter__(self) -> Relay:
@@ -261,16 +300,13 @@ class Relay:
     async def __anext__(self) -> bytes:
         if self.closed:
             raise StopAsyncIteration
-        if self.tail is not None:
-            tail, self.tail = self.tail, None
-            return tail
+        if self.first is not None:
+            first, self.first = self.first, None
+            return first
         self.watch.waiting = True
         try:
-            if self.first:
+            async with asyncio.timeout(self.proxy.chunk_timeout):
                 chunk = await self.chunks.__anext__()
-            else:
-                async with asyncio.timeout(self.proxy.chunk_timeout):
-                    chunk = await self.chunks.__anext__()
         except StopAsyncIteration:
             await self.close()
             raise
@@ -284,9 +320,6 @@ class Relay:
             return await self._broken(exc)
         finally:
             self.watch.waiting = False
-        if self.first:
-            self.first = False
-            self.req.context.ttfb = time.perf_counter() - self.req.context.start
         return chunk
 
     async def _broken(self, exc: BaseException) -> bytes:

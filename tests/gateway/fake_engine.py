@@ -11,10 +11,16 @@ misbehaviour through body fields the gateway passes through untouched:
 
     fake_status       answer with this HTTP status and an OpenAI-shaped error
     fake_delay_first  seconds to wait before the response headers
+    fake_delay_body   seconds between a stream's headers and its first chunk (vLLM sends
+                      its headers before the prompt is processed)
     fake_chunks       number of streamed chunks (default 3)
     fake_chunk_delay  seconds between streamed chunks
+    fake_hangup_after close the connection after this many streamed chunks (0: right
+                      after the headers)
+    fake_only         misbehave only on the engine of this name; others answer normally
 
 GET /fake/stats reports requests seen, streams whose client went away, and models seen.
+POST /fake/health with {"status": 503} changes what GET /health answers from then on.
 """
 
 from __future__ import annotations
@@ -134,6 +140,10 @@ class _Connection(asyncio.Protocol):
         if method == "GET" and path == b"/fake/stats":
             self._write(200, json.dumps(engine.stats()).encode())
             return None
+        if method == "POST" and path == b"/fake/health":
+            engine.health_status = int(json.loads(body)["status"])
+            self._write(200, b"{}")
+            return None
         if method != "POST" or path not in _KINDS:
             self._write(404, b'{"error":{"message":"no such route","type":"not_found"}}')
             return None
@@ -145,6 +155,8 @@ class _Connection(asyncio.Protocol):
             return None
         model = str(request.get("model"))
         engine.models_seen.append(model)
+        if request.get("fake_only") not in (None, engine.name):
+            request = {k: v for k, v in request.items() if not k.startswith("fake_")}
         status = request.get("fake_status") or engine.fail_status
         if status:
             self._write(
@@ -162,7 +174,7 @@ class _Connection(asyncio.Protocol):
             )
             return None
         kind = _KINDS[path]
-        if request.get("stream") or request.get("fake_delay_first"):
+        if request.get("stream") or request.get("fake_delay_first") or request.get("fake_delay_body"):
             return {"kind": kind, "model": model, "request": request}
         self._write(200, _complete(kind, model, engine.name, request))
         return None
@@ -190,13 +202,19 @@ class _Connection(asyncio.Protocol):
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
         )
+        if request.get("fake_delay_body"):
+            await asyncio.sleep(float(request["fake_delay_body"]))
         chunks = int(request.get("fake_chunks") or 3)
         pause = float(request.get("fake_chunk_delay") or 0)
+        hangup = request.get("fake_hangup_after")
         for i in range(chunks):
             if i and pause:
                 await asyncio.sleep(pause)
             if self.closed:
                 self.engine.disconnects += 1
+                return
+            if hangup is not None and i == int(hangup):
+                self.transport.close()
                 return
             event = b"data: " + json.dumps(_chunk(kind, model, self.engine.name, i)).encode() + b"\n\n"
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))

@@ -225,10 +225,12 @@ def gateway(plan_path: Path, workers: int = 2, log_dir: Path | None = None, **en
     full_env = serve_environment(
         plan_path,
         subprocess_env(
-            LLMGW_HEALTH_INTERVAL="0.5",
-            LLMGW_HEALTH_FAILURES="2",
-            LLMGW_RELOAD_INTERVAL="0.5",
-            **env,
+            **{
+                "LLMGW_HEALTH_INTERVAL": "0.5",
+                "LLMGW_HEALTH_FAILURES": "2",
+                "LLMGW_RELOAD_INTERVAL": "0.5",
+                **env,
+            }
         ),
     )
     log_path = (log_dir or plan_path.parent) / f"gateway-{port}.log"

@@ -1,0 +1,156 @@
+"""Timeouts, retries and weights, through a gateway whose health checks stay out of the way.
+
+Health checks run once a minute here and take a replica out only after 100 failures, so
+what a test sees is the request path's own doing: a dead replica is still tried (502, not
+503), and a replica that misbehaved once is still first in line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from harness import Engine, Gateway, dead_endpoint, gateway, model, plan, profile, write_plan
+
+FIRST_BYTE = 1
+CHUNK = 3
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine, engine_b: Engine) -> Iterator[Gateway]:
+    a, b = engine_a.url, engine_b.url
+    doc = plan(
+        [
+            model("plain", [profile([b], "plain")]),
+            model(
+                "tiered",
+                [
+                    profile([a], "tiered", priority=10, name="first"),
+                    profile([b], "tiered", priority=20, name="second"),
+                ],
+            ),
+            model("nowhere", [profile([dead_endpoint("127.0.0.5"), dead_endpoint("127.0.0.6")], "nowhere")]),
+            model(
+                "weighted",
+                [
+                    profile([a], "weighted", priority=10, weight=3, name="heavy"),
+                    profile([b], "weighted", priority=10, weight=1, name="light"),
+                ],
+            ),
+            model(
+                "standby",
+                [
+                    profile([a], "standby", priority=10, weight=1, name="main"),
+                    profile([b], "standby", priority=10, weight=0, name="standby"),
+                ],
+            ),
+        ]
+    )
+    path = tmp_path_factory.mktemp("timeouts") / "plan.json"
+    write_plan(path, doc)
+    with gateway(
+        path,
+        LLMGW_FIRST_BYTE_TIMEOUT=str(FIRST_BYTE),
+        LLMGW_CHUNK_TIMEOUT=str(CHUNK),
+        LLMGW_HEALTH_INTERVAL="60",
+        LLMGW_HEALTH_FAILURES="100",
+    ) as g:
+        yield g
+
+
+def stream(gw: Gateway, model_name: str, **fake: Any) -> httpx.Response:
+    body = {"model": model_name, "messages": [], "stream": True, **fake}
+    return httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
+
+
+def events(answer: httpx.Response) -> list[Any]:
+    lines = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]
+    return [line if line == "[DONE]" else json.loads(line) for line in lines]
+
+
+# --- the two clocks ------------------------------------------------------------------------
+
+
+def test_chunks_further_apart_than_the_first_byte_timeout_pass_within_the_chunk_timeout(gw: Gateway) -> None:
+    answer = stream(gw, "plain", fake_chunks=2, fake_chunk_delay=1.8)
+    assert answer.status_code == 200, answer.text
+    got = events(answer)
+    assert got[-1] == "[DONE]" and len(got) == 3, (
+        f"a {FIRST_BYTE}s first-byte timeout cut a stream whose chunks were within the "
+        f"{CHUNK}s chunk timeout: {got}"
+    )
+
+
+def test_headers_without_a_first_chunk_in_time_are_a_clean_504(gw: Gateway) -> None:
+    # vLLM sends its headers at once and its first chunk after the prompt is processed.
+    answer = stream(gw, "plain", fake_delay_body=2.5)
+    assert answer.status_code == 504, f"the client got {answer.status_code}: {answer.text[:300]}"
+    assert answer.json()["error"]["code"] == "upstream_timeout"
+
+
+def test_the_first_byte_allowance_covers_headers_and_first_chunk_together(gw: Gateway) -> None:
+    # Each wait alone is under the allowance; together they are over it.
+    answer = stream(gw, "plain", fake_delay_first=0.8, fake_delay_body=0.8)
+    assert answer.status_code == 504, "the first byte may take up to twice LLMGW_FIRST_BYTE_TIMEOUT"
+
+
+# --- retries -------------------------------------------------------------------------------
+
+
+def test_a_replica_that_hangs_up_before_its_first_byte_is_retried_on_the_next(gw: Gateway) -> None:
+    answer = stream(gw, "tiered", fake_hangup_after=0, fake_only="a")
+    assert answer.status_code == 200, answer.text
+    got = events(answer)
+    assert got[-1] == "[DONE]"
+    assert all(e["system_fingerprint"] == "b" for e in got[:-1]), got
+
+
+def test_nothing_is_retried_after_the_first_byte(gw: Gateway, engine_a: Engine, engine_b: Engine) -> None:
+    a_before, b_before = engine_a.stats()["requests"], engine_b.stats()["requests"]
+    answer = stream(gw, "tiered", fake_hangup_after=1, fake_only="a")
+    got = events(answer)
+    assert got[0]["system_fingerprint"] == "a", got
+    assert "error" in got[-1], f"the client must learn the answer was cut off: {got}"
+    assert engine_a.stats()["requests"] == a_before + 1
+    assert engine_b.stats()["requests"] == b_before, "a client that already has tokens got a second answer"
+
+
+def test_every_replica_unreachable_is_502(gw: Gateway) -> None:
+    for _ in range(3):
+        answer = stream(gw, "nowhere")
+        assert answer.status_code == 502, answer.text
+        assert answer.json()["error"]["code"] == "upstream_unreachable"
+
+
+def test_every_replica_answering_5xx_is_502(gw: Gateway) -> None:
+    answer = stream(gw, "tiered", fake_status=500)
+    assert answer.status_code == 502, answer.text
+    assert answer.json()["error"]["code"] == "upstream_unreachable"
+
+
+# --- weights -------------------------------------------------------------------------------
+
+
+def served_by(gw: Gateway, model_name: str, times: int) -> Counter[str]:
+    seen: Counter[str] = Counter()
+    with httpx.Client(timeout=30) as client:
+        for _ in range(times):
+            answer = client.post(gw.url + "/v1/chat/completions", json={"model": model_name, "messages": []})
+            assert answer.status_code == 200, answer.text
+            seen[answer.json()["system_fingerprint"]] += 1
+    return seen
+
+
+def test_profiles_of_one_priority_share_requests_by_weight(gw: Gateway) -> None:
+    seen = served_by(gw, "weighted", 200)
+    # 3:1 expects 150 of 200 on a; the band is over four standard deviations wide.
+    assert 124 <= seen["a"] <= 176, f"weights 3 and 1 split requests {dict(seen)}"
+
+
+def test_a_weight_zero_profile_gets_nothing_while_the_others_are_healthy(gw: Gateway) -> None:
+    seen = served_by(gw, "standby", 60)
+    assert seen == Counter(a=60), f"weight 0 is a standby, yet it served {dict(seen)}"
