@@ -129,9 +129,16 @@ class PlanState:
         """Check a deployed plan down to its routes, then write it over the plan file and
         serve it. PlanError if it cannot be served; the file is then left as it was, since
         every worker and the next start read it."""
-        plan = parse_plan(text, where="the deployed plan")
         async with self._changing:
-            table = self._table_for(plan, created=int(time.time()))
+            try:
+                table = self._table_for(
+                    parse_plan(text, where="the deployed plan"), created=int(time.time())
+                )
+            except PlanError as exc:
+                # Recorded as a refused plan file is: whoever watches the dashboard or
+                # /readyz is often not the one who ran `llmgw deploy` and saw the 422.
+                self._refuse(str(exc))
+                raise
             tmp = self.path.with_name(f".{self.path.name}.deploy{os.getpid()}")
             try:
                 tmp.write_bytes(text)

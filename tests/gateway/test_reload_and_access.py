@@ -120,6 +120,9 @@ def test_a_replaced_plan_is_served_by_every_worker_and_no_request_fails(
         assert answer.headers[DIGEST_HEADER] == new["digest"]
     assert hammer.count > 0
     assert not hammer.failures, hammer.failures[:5]
+    metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+    loaded = metric_value(metrics, "llmgw_plan_reloads_total", 'result="loaded"')
+    assert loaded >= gw.workers, "each worker counts the reload it made"
 
 
 def test_a_bad_plan_is_refused_and_the_old_one_keeps_serving(
@@ -139,6 +142,37 @@ def test_a_bad_plan_is_refused_and_the_old_one_keeps_serving(
     assert "refused a new plan" in gw.log()
     metrics = httpx.get(gw.url + "/metrics", timeout=10).text
     assert 'llmgw_plan_reloads_total{result="refused"}' in metrics
+
+
+def test_a_deploy_refused_by_the_gateway_is_recorded_like_a_refused_plan_file(
+    served: tuple[Gateway, dict[str, Any]],
+) -> None:
+    gw, doc = served
+    bad = dict(doc, models=doc["models"][:1])  # digest no longer matches
+    answer = httpx.post(
+        gw.url + "/admin/plan", json=bad, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+    )
+    assert answer.status_code == 422, answer.text
+
+    def a_worker_says_refused() -> dict[str, Any] | None:
+        with httpx.Client(timeout=10) as fresh:  # a new connection, so maybe the other worker
+            ready = fresh.get(gw.url + "/readyz").json()
+        return ready if refused(ready) else None
+
+    ready = wait_until(a_worker_says_refused, 15, "the worker that took the deploy to report it refused")
+    assert "digest" in ready["last_reload"]["reason"] and ready["digest"] == doc["digest"]
+    metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+    assert metric_value(metrics, "llmgw_plan_reloads_total", 'result="refused"') == 1
+    wait_until(lambda: "refused a new plan" in gw.log(), 10, "the refusal in the gateway's log")
+
+
+def metric_value(text: str, name: str, label: str) -> float:
+    """The sum of a metric's samples that carry `label`; 0 when there are none."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and label in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 # Each passes the old schema; the first two pass the new one too, and only building the
