@@ -44,8 +44,8 @@ def read_api_keys(path: Path) -> frozenset[str]:
             continue
         if len(line) != 64 or any(c not in "0123456789abcdef" for c in line):
             raise UsageError(
-                f"{path}:{number} is not a SHA-256 hex digest. Store `sha256(key)` in hex "
-                "(e.g. `printf %s KEY | sha256sum`), never the key itself."
+                f"{path}:{number} (LLMGW_API_KEYS_FILE) is not a SHA-256 hex digest. Store "
+                "`sha256(key)` in hex (e.g. `printf %s KEY | sha256sum`), never the key itself."
             )
         digests.add(line)
     return frozenset(digests)

@@ -70,8 +70,8 @@ class Lifecycle:
 def create_app(settings: Settings | None = None) -> falcon.asgi.App:
     settings = settings or settings_from_env()
     _log_to_stderr()
-    state = PlanState(settings.plan_path)
     api_keys = read_api_keys(settings.api_keys_file) if settings.api_keys_file else None
+    state = PlanState(settings.plan_path)
     client = httpx.AsyncClient(
         # Engines are on the LAN: compressing tokens would cost more CPU than it saves.
         headers={"accept-encoding": "identity"},

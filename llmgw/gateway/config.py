@@ -8,6 +8,7 @@ should be cut long before a generous first-token allowance would notice.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,12 +68,12 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 def _number(env: Mapping[str, str], name: str, kind: type[float] | type[int]) -> float | int:
+    example = "e.g. 2 or 0.5 (seconds)" if kind is float else "a whole number, e.g. 3"
     try:
         value = kind(env[name])
     except ValueError:
-        raise UsageError(
-            f"{name}={env[name]!r} is not a number; set it to e.g. 2 or 0.5."
-        ) from None
-    if value <= 0:
-        raise UsageError(f"{name}={env[name]!r} must be greater than zero.")
+        raise UsageError(f"{name}={env[name]!r} is not a number; set it to {example}.") from None
+    # float() also takes "nan" and "inf": a timeout of either never fires, or fails later.
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{name}={env[name]!r} must be a number greater than zero; set it to {example}.")
     return value

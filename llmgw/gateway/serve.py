@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.errors import PlanError, UsageError
+from llmgw.gateway.access import read_api_keys
+from llmgw.gateway.config import settings_from_env
 from llmgw.gateway.gunicorn_conf import MADE_METRICS_DIR
 from llmgw.gateway.reload import last_good_path
 from llmgw.gateway.routing import RouteTable
@@ -72,11 +74,22 @@ def check_bind(bind: str) -> None:
         raise UsageError(f"--bind {bind!r} is not HOST:PORT; e.g. --bind 127.0.0.1:8080.")
 
 
+def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None:
+    """What every worker will read at start, read once here: a bad LLMGW_* value or keys
+    file is then one sentence and exit 2, not each worker's traceback and gunicorn's exit 3."""
+    env = dict(os.environ if base is None else base)
+    env["LLMGW_PLAN"] = str(plan)
+    settings = settings_from_env(env)
+    if settings.api_keys_file is not None:
+        read_api_keys(settings.api_keys_file)
+
+
 def serve(plan: Path, bind: str, workers: int) -> None:
     """Replace this process with gunicorn; returns only by raising UsageError or PlanError."""
     check_bind(bind)
     if workers < 1:
         raise UsageError(f"--workers {workers} cannot serve anything; use 1 or more.")
+    check_environment(plan)
     # Refuse a bad plan here, in one sentence, not in every worker's traceback; routing it
     # is part of the check, since that is where a worker would fail next.
     try:

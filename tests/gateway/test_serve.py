@@ -1,11 +1,17 @@
-"""What `llmgw serve` leaves behind: the metrics directory of each run."""
+"""`llmgw serve` before and after: settings it refuses to start with, and the metrics
+directory each run leaves behind."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
-from harness import Engine, gateway, model, plan, profile, write_plan
+import pytest
+from harness import ROOT, Engine, free_port, gateway, model, plan, profile, subprocess_env, write_plan
+
+from llmgw.gateway.serve import gunicorn_argv, serve_environment
 
 
 def plan_file(where: Path, engine: Engine) -> Path:
@@ -37,3 +43,49 @@ def test_a_kept_metrics_directory_loses_the_last_runs_files_at_start(
         assert not stale.exists(), "its counts would be added to this run's"
         assert httpx.get(gw.url + "/metrics", timeout=10).status_code == 200
     assert kept.is_dir() and mine.exists(), "a directory the operator chose is theirs"
+
+
+BAD_SETTINGS = [
+    ({"LLMGW_API_KEYS_FILE": "{tmp}/missing-keys.txt"}, "LLMGW_API_KEYS_FILE"),
+    ({"LLMGW_API_KEYS_FILE": "{tmp}/keys.txt"}, "LLMGW_API_KEYS_FILE"),  # holds a key, not its digest
+    ({"LLMGW_CHUNK_TIMEOUT": "5s"}, "LLMGW_CHUNK_TIMEOUT"),
+    ({"LLMGW_HEALTH_FAILURES": "2.5"}, "LLMGW_HEALTH_FAILURES"),
+    ({"LLMGW_FIRST_BYTE_TIMEOUT": "nan"}, "LLMGW_FIRST_BYTE_TIMEOUT"),
+]
+
+
+@pytest.mark.parametrize(("setting", "named"), BAD_SETTINGS, ids=[n for _, n in BAD_SETTINGS])
+def test_llmgw_serve_refuses_a_bad_setting_in_one_sentence_before_starting(
+    tmp_path: Path, setting: dict[str, str], named: str
+) -> None:
+    (tmp_path / "keys.txt").write_text("sk-the-key-itself\n")
+    path = tmp_path / "plan.json"
+    write_plan(path, plan([model("chat", [profile(["http://127.0.0.1:9"], "chat")])]))
+    env = subprocess_env(**{k: v.format(tmp=tmp_path) for k, v in setting.items()})
+    argv = ["serve", "--plan", str(path), "--bind", f"127.0.0.1:{free_port()}", "--workers", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "llmgw", *argv], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 2, f"exit {done.returncode}:\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr and "gunicorn" not in done.stderr.lower()
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], f"want one sentence naming {named}, got {lines}"
+
+
+def test_a_gateway_started_by_gunicorn_itself_says_what_is_wrong_without_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, plan([model("chat", [profile(["http://127.0.0.1:9"], "chat")])]))
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    env = serve_environment(
+        path,
+        subprocess_env(
+            LLMGW_API_KEYS_FILE=str(tmp_path / "missing-keys.txt"), PROMETHEUS_MULTIPROC_DIR=str(metrics)
+        ),
+    )
+    done = subprocess.run(
+        gunicorn_argv(f"127.0.0.1:{free_port()}", 1), env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "cannot read LLMGW_API_KEYS_FILE" in done.stderr
