@@ -1,8 +1,8 @@
 """Files → documents that remember where each value came from.
 
-Parsing 5,000 model files must take about a second, so every file is parsed once
+Parsing 5,000 model files must take about a second, so every file is loaded once
 with ruamel's C loader, which keeps no positions. Only a file that has a finding
-is parsed a second time, with the round-trip loader, to learn the line and
+is parsed a second time, into the C parser's node tree, to learn the line and
 column of the value the finding is about.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from llmgw.findings import Finding, Severity
 
@@ -31,12 +32,6 @@ def _fast_yaml() -> YAML:
     if not hasattr(_local, "fast"):
         _local.fast = YAML(typ="safe", pure=False)
     return _local.fast
-
-
-def _positional_yaml() -> YAML:
-    if not hasattr(_local, "rt"):
-        _local.rt = YAML(typ="rt")
-    return _local.rt
 
 
 @dataclass
@@ -55,30 +50,36 @@ class Document:
         points at the nearest enclosing one, which is where the fix goes.
         """
         if self._tree is None:
-            self._tree = _positional_yaml().load(self.text)
-        node, line, col = self._tree, 0, 0
+            self._tree = _fast_yaml().compose(self.text)
+        node: Node | None = self._tree
+        mark = node.start_mark if node is not None else None
         for i, step in enumerate(path):
-            lc = getattr(node, "lc", None)
+            child = _child(node, step)
+            if child is None:
+                break  # the nearest enclosing value is where the fix goes
+            key_node, node = child
             last = i == len(path) - 1
-            if lc is None:
-                break
-            try:
-                if isinstance(step, int):
-                    line, col = lc.item(step)
-                else:
-                    if step not in node:
-                        break
-                    line, col = lc.key(step) if key and last else lc.value(step)
-                node = node[step]
-            except (KeyError, IndexError, TypeError, AttributeError):
-                break
-        return line + 1, col + 1
+            mark = key_node.start_mark if key and last and key_node is not None else node.start_mark
+        if mark is None:
+            return 1, 1
+        return mark.line + 1, mark.column + 1
 
     def finding(
         self, severity: Severity, rule: str, path: YamlPath, message: str, *, key: bool = False
     ) -> Finding:
         line, col = self.position(path, key=key)
         return Finding(self.file, line, col, rule, severity, message)
+
+
+def _child(node: Node | None, step: str | int) -> tuple[Node | None, Node] | None:
+    """(key node, value node) of `step` in a mapping, or (None, item) in a sequence."""
+    if isinstance(node, MappingNode) and isinstance(step, str):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, ScalarNode) and key_node.value == step:
+                return key_node, value_node
+    if isinstance(node, SequenceNode) and isinstance(step, int) and 0 <= step < len(node.value):
+        return None, node.value[step]
+    return None
 
 
 def load_document(path: Path, display: str) -> tuple[Document | None, list[Finding]]:
@@ -106,6 +107,13 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
         return None, [_yaml_finding(display, exc, text)]
     except YAMLError as exc:  # unmarked: rare, but never a traceback
         return None, [Finding(display, 1, 1, "yaml", "error", f"not valid YAML: {exc}.")]
+    except (ValueError, TypeError, OverflowError):
+        # A scalar YAML types but Python cannot build: `._` as a float, 2001-02-30.
+        return None, [_unbuildable_value(display, text)]
+    except RecursionError:
+        return None, [Finding(display, 1, 1, "yaml", "error",
+                              "the file nests lists or mappings too deeply to read; a model file "
+                              "is a page of plain keys and values.")]
     doc = Document(display, text, data)
     if _shares_a_container(data):
         return doc, [
@@ -134,6 +142,35 @@ def _yaml_finding(display: str, exc: MarkedYAMLError, text: str) -> Finding:
 def _char_at(text: str, line: int, column: int) -> str:
     lines = text.splitlines()
     return lines[line][column : column + 1] if line < len(lines) else ""
+
+
+_KINDS = {"int": "an integer", "float": "a number", "timestamp": "a date", "bool": "a boolean"}
+
+
+def _unbuildable_value(display: str, text: str) -> Finding:
+    yaml = _fast_yaml()
+    try:
+        stack: list[Node] = [yaml.compose(text)]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, MappingNode):
+                stack.extend(n for pair in reversed(node.value) for n in reversed(pair))
+            elif isinstance(node, SequenceNode):
+                stack.extend(reversed(node.value))
+            elif isinstance(node, ScalarNode) and not str(node.tag).endswith(":str"):
+                try:
+                    yaml.constructor.construct_object(node, deep=True)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    tag = str(node.tag).rsplit(":", 1)[-1]
+                    kind = _KINDS.get(tag, f"a {tag}")
+                    return Finding(
+                        display, node.start_mark.line + 1, node.start_mark.column + 1, "yaml", "error",
+                        f"{node.value!r} reads as {kind} but is not a valid one ({exc}); quote it "
+                        f"if it is text, e.g. \"{node.value}\".")
+    except (YAMLError, RecursionError):
+        pass
+    return Finding(display, 1, 1, "yaml", "error",
+                   "a value in the file cannot be read; quote values that are meant as text.")
 
 
 def _earlier_key_line(text: str, key: str, line: int, col: int) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from llmgw.lint import lint
@@ -100,6 +100,10 @@ yaml_text = st.text(alphabet=string.printable + "é\t", max_size=300)
 
 @settings(max_examples=300, deadline=None)
 @given(text=yaml_text)
+@example(text="a: ._")
+@example(text="a: 2001-02-30")
+@example(text='a: !!float "x"')
+@example(text="a: 2001-12-14t21:59:43.10-99:99")
 def test_any_text_gives_findings_never_an_exception(tmp_path_factory, text):
     path = Path(tmp_path_factory.mktemp("y")) / "x.yaml"
     path.write_text(text)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.unit.helpers import by_rule, model_yaml, run
 
 
@@ -89,3 +91,19 @@ def test_an_endpoint_the_gateway_could_not_route_is_refused_by_lint(tmp_path):
     [finding] = by_rule(result, "schema")
     assert finding.line == 9 and "'http://127.0.0.51:abc' is not an engine address" in finding.message
     assert "http://HOST:PORT" in finding.message
+
+
+@pytest.mark.parametrize(("value", "kind"), [("._", "a number"), ("2001-02-30", "a date"),
+                                             ('!!int "x"', "an integer")])
+def test_a_value_yaml_types_but_cannot_build_is_a_finding_at_its_place(tmp_path, value, kind):
+    result = run(tmp_path, {"a.yaml": f"name: a\ncontext_length: {value}\n"})
+    [finding] = by_rule(result, "yaml")
+    assert (finding.line, finding.column) == (2, 17)
+    assert f"reads as {kind}" in finding.message and "quote it" in finding.message
+
+
+def test_deeply_nested_brackets_are_findings_not_a_crash(tmp_path):
+    result = run(tmp_path, {"a.yaml": "a: " + "[" * 20000 + "]" * 20000 + "\n",
+                            "b.yaml": "a: " + "[" * 20000 + "\n"})
+    assert "unknown-field" in {f.rule for f in result.findings if f.file.endswith("a.yaml")}
+    assert [f.rule for f in result.findings if f.file.endswith("b.yaml")] == ["yaml"]
