@@ -277,7 +277,7 @@ def serve_command(plan_path: Path, bind: str, workers: int) -> None:
 
 @main.command("deploy")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
-@click.option("--gateway", "gateway_url", required=True, metavar="URL", help="e.g. http://gw:8080")
+@click.option("--gateway", "gateway_url", required=True, metavar="URL", help="e.g. http://127.0.0.1:8080")
 def deploy_command(plan_path: Path, gateway_url: str) -> None:
     """Send PLAN to a running gateway (token from LLMGW_ADMIN_TOKEN); it serves it at once."""
     from llmgw.gateway.deploy import deploy

@@ -42,7 +42,7 @@ class GiteaError(LlmgwError):
 
 @dataclass(frozen=True)
 class PullRequest:
-    server: str  # https://gitea.example.org, no trailing slash
+    server: str  # e.g. http://127.0.0.1:3000, no trailing slash
     owner: str
     repo: str
     number: int

@@ -20,12 +20,13 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
         yield entry.doc.finding("error", "sharded-source", ("source",), _sharded_message(entry))
         return
     if src.format == "unknown":
-        if src.suffix:
-            yield entry.doc.finding(
-                "error", "unreadable-format", ("source",),
-                f"nothing here reads {src.suffix} files: llamacpp reads .gguf, vllm reads "
-                ".safetensors and .bin or a repository id. Point source at one of those.",
-            )
+        what = (f"nothing here reads {src.suffix} files" if src.suffix
+                else f"cannot tell what format {src.text} is in, since it names no file type")
+        yield entry.doc.finding(
+            "error", "unreadable-format", ("source",),
+            f"{what}: llamacpp reads one .gguf file, vllm reads .safetensors or .bin, or a "
+            "repository id (hf://org/repo). Point source at one of those.",
+        )
         return
     readers = READERS[src.format]
     for profile in entry.spec.profiles:

@@ -19,7 +19,7 @@ LONG_DESCRIPTION = (
     "Long-context chat for whole repositories and contracts. "
     + "It keeps going and going, because some catalogue authors write essays. " * 25
     + "An unbreakable token follows: "
-    + "https://example.invalid/" + "x" * 180
+    + "https://127.0.0.1/" + "x" * 180
 )
 HOSTILE_DESCRIPTION = (
     '<script>window.__pwned = "script"</script>'

@@ -169,3 +169,10 @@ def test_two_profiles_with_one_name_is_an_error_at_the_second(tmp_path):
     result = run(tmp_path, {"a.yaml": text})
     [finding] = by_rule(result, "duplicate-profile")
     assert finding.line == 10 and "appears twice" in finding.message
+
+
+def test_a_source_naming_no_file_type_is_unreadable(tmp_path):
+    for i, source in enumerate(["hf://org/repo/model", "https://127.0.0.1/download?id=3"]):
+        result = run(tmp_path / str(i), {"a.yaml": model_yaml(source=source)})
+        [finding] = by_rule(result, "unreadable-format")
+        assert "names no file type" in finding.message and "hf://org/repo" in finding.message
