@@ -51,6 +51,21 @@ def read_api_keys(path: Path) -> frozenset[str]:
     return frozenset(digests)
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The credentials of `Authorization: Bearer X`; the scheme is case-insensitive (RFC 7235),
+    and clients do send `bearer`."""
+    if not authorization:
+        return None
+    scheme, _, credentials = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return credentials.strip()
+
+
+def is_api_path(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/")
+
+
 def _plausible_id(value: str) -> bool:
     return 0 < len(value) <= 128 and value.isascii() and value.isprintable() and " " not in value
 
@@ -77,20 +92,21 @@ class Access:
         ctx.replica = None
         ctx.ttfb = None
         ctx.streaming = False
-        ctx.api = req.path.startswith("/v1/")
+        ctx.api = is_api_path(req.path)
         if ctx.api and self.api_keys is not None:
             self._check_key(req.get_header("Authorization"))
 
     def _check_key(self, authorization: str | None) -> None:
         assert self.api_keys is not None
-        if not authorization or not authorization.startswith("Bearer "):
+        key = bearer_token(authorization)
+        if not key:
             raise ApiError(
                 401,
                 "This gateway needs an API key: send `Authorization: Bearer KEY`.",
                 type="authentication_error",
                 code="missing_api_key",
             )
-        digest = hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
+        digest = hashlib.sha256(key.encode()).hexdigest()
         if digest not in self.api_keys:
             raise ApiError(
                 401,

@@ -108,7 +108,7 @@ def create_app(settings: Settings | None = None) -> falcon.asgi.App:
         app.add_route(path, Proxy(kind, client, health, settings, access))
     app.add_route("/healthz", Healthz())
     app.add_route("/readyz", Readyz(state))
-    app.add_route("/metrics", Metrics())
+    app.add_route("/metrics", Metrics(state))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
     _add_dashboard(app, state)
     return app

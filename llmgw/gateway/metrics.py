@@ -4,11 +4,17 @@ With several gunicorn workers each is its own process, so `llmgw serve` points
 PROMETHEUS_MULTIPROC_DIR at a fresh directory (removed when it exits) and /metrics sums
 the workers' files; without it (one process, e.g. in a debugger) the default registry
 answers.
+
+prometheus_client cannot remove a series from those files, so series about what is no
+longer served are left out when /metrics answers instead: a plan digest a worker has moved
+on from (its gauge is 0), and replicas the plan no longer lists. Kept, they piled up with
+every reload, and a removed replica looked like one still in rotation.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -19,6 +25,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client import REGISTRY as _DEFAULT
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 # LLM answers range from a cached embedding (milliseconds) to a long generation (minutes).
 _BUCKETS = (
@@ -71,12 +79,29 @@ PLAN_INFO = Gauge(
 RELOADS = Counter("llmgw_plan_reloads", "Plan reloads, by result (loaded or refused).", ["result"])
 
 
-def exposition() -> tuple[bytes, str]:
+def exposition(replicas: Collection[str]) -> tuple[bytes, str]:
+    """The text /metrics answers; `replicas` are the endpoints the served plan lists."""
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not directory:
-        return generate_latest(_DEFAULT), CONTENT_TYPE_LATEST
-    from prometheus_client import multiprocess
+    registry: Collector = _DEFAULT
+    if directory:
+        from prometheus_client import multiprocess
 
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=directory)
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=directory)
+    return generate_latest(_Served(registry, replicas)), CONTENT_TYPE_LATEST
+
+
+class _Served:
+    """A registry's metrics less the series about digests and replicas no longer served."""
+
+    def __init__(self, registry: Collector, replicas: Collection[str]) -> None:
+        self.registry = registry
+        self.replicas = replicas
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self.registry.collect():
+            if metric.name == "llmgw_plan_info":
+                metric.samples = [s for s in metric.samples if s.value != 0]
+            elif metric.name == "llmgw_replica_healthy":
+                metric.samples = [s for s in metric.samples if s.labels.get("replica") in self.replicas]
+            yield metric

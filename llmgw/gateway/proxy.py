@@ -392,10 +392,15 @@ def _wrong_endpoint(model: Model, path: str) -> ApiError:
     right = " or ".join(UPSTREAM_PATHS[k] for k in sorted(ENDPOINTS_FOR_TASK[model.task]))
     return ApiError(
         400,
-        f"'{model.name}' is a {model.task} model; send it to POST {right}, not {path}.",
+        f"'{model.name}' is {_article(model.task)} {model.task} model; send it to POST {right}, "
+        f"not {path}.",
         param="model",
         code="wrong_endpoint",
     )
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def _check_max_tokens(model: Model, request: dict[str, Any]) -> None:

@@ -170,6 +170,8 @@ class PlanState:
         metrics.PLAN_INFO.labels(table.digest).set(1)
         for endpoint, replica in table.replicas.items():
             metrics.REPLICA_HEALTHY.labels(endpoint).set(1 if replica.healthy else 0)
+        for endpoint in old.replicas.keys() - table.replicas.keys():
+            metrics.REPLICA_HEALTHY.labels(endpoint).set(0)  # /metrics leaves it out
         log.info("reloaded: now serving plan %s (was %s)", table.digest, old.digest)
 
     def _keep_as_last_good(self) -> None:

@@ -12,6 +12,7 @@ import falcon.asgi
 
 from llmgw.errors import PlanError
 from llmgw.gateway import metrics
+from llmgw.gateway.access import bearer_token
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.proxy import read_body
 from llmgw.gateway.reload import PlanState, PlanWriteError
@@ -67,8 +68,11 @@ class Readyz:
 
 
 class Metrics:
+    def __init__(self, state: PlanState) -> None:
+        self.state = state
+
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        resp.data, resp.content_type = metrics.exposition()
+        resp.data, resp.content_type = metrics.exposition(self.state.table.replicas)
 
 
 class AdminPlan:
@@ -119,7 +123,7 @@ class AdminPlan:
                 type="permission_error",
                 code="admin_closed",
             )
-        given = authorization[7:].strip() if authorization and authorization.startswith("Bearer ") else ""
+        given = bearer_token(authorization) or ""
         if not hmac.compare_digest(given.encode(), self.token.encode()):
             raise ApiError(
                 401,

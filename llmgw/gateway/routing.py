@@ -221,13 +221,19 @@ class RouteTable:
         if model is not None:
             return model
         closest = self.closest(name)
-        hint = f"did you mean '{closest}'? " if closest else ""
-        raise ApiError(
-            404,
-            f"There is no model '{name}' here; {hint}GET /v1/models lists them.",
-            param="model",
-            code="model_not_found",
-        )
+        if closest:
+            hint = f"did you mean '{closest}'? GET /v1/models lists them all."
+        elif not self.models:
+            hint = "the plan it serves has no models."
+        else:
+            hint = f"it serves {self._some_names()} (GET /v1/models lists them)."
+        raise ApiError(404, f"There is no model '{name}' here; {hint}", param="model", code="model_not_found")
+
+    def _some_names(self, most: int = 5) -> str:
+        names = [f"'{n}'" for n in self.models]
+        if len(names) <= most:
+            return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+        return ", ".join(names[:most]) + f" and {len(names) - most} more"
 
     def closest(self, name: str) -> str | None:
         """The served name most like `name`, to suggest in a 404."""

@@ -138,6 +138,14 @@ def test_an_unknown_path_under_v1_is_not_told_the_api_is_under_v1(gw: Gateway) -
     assert "under /v1" not in message and "/v1/chat/completions" in message
 
 
+def test_v1_itself_is_answered_as_part_of_the_api(gw: Gateway) -> None:
+    answer = httpx.get(gw.url + "/v1", timeout=10)
+    assert answer.status_code == 404
+    assert answer.headers.get(DIGEST_HEADER) == gw.env["digest"]
+    message = error_of(answer)["message"]
+    assert "under /v1" not in message and "/v1/chat/completions" in message, message
+
+
 # --- proxying ------------------------------------------------------------------------------
 
 
@@ -259,6 +267,13 @@ def test_an_unknown_model_is_404_naming_the_closest(gw: Gateway) -> None:
     assert "chat-a" in error["message"] and error["param"] == "model"
 
 
+def test_an_unknown_model_like_none_served_is_404_naming_some_that_are(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("zzzzzz"))
+    assert answer.status_code == 404
+    message = error_of(answer)["message"]
+    assert "'chat-a'" in message and "more" in message, f"the 404 gives nothing to try instead: {message}"
+
+
 @pytest.mark.parametrize("content", [b"", b"{not json", b"[1, 2]", b'{"messages": []}'])
 def test_a_missing_or_malformed_body_is_400(gw: Gateway, content: bytes) -> None:
     answer = httpx.post(
@@ -288,7 +303,8 @@ def test_max_tokens_over_the_models_limit_is_400_naming_it(gw: Gateway) -> None:
 def test_an_embedding_model_on_the_chat_endpoint_is_400(gw: Gateway) -> None:
     answer = post(gw, "/v1/chat/completions", chat("embed"))
     assert answer.status_code == 400
-    assert "/v1/embeddings" in error_of(answer)["message"]
+    message = error_of(answer)["message"]
+    assert "/v1/embeddings" in message and "is an embedding model" in message, message
 
 
 def test_an_unknown_path_answers_in_openais_shape(gw: Gateway) -> None:

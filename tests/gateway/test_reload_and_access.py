@@ -239,6 +239,35 @@ def test_v1_needs_a_listed_api_key(served: tuple[Gateway, dict[str, Any]]) -> No
     assert httpx.get(gw.url + "/healthz", timeout=10).status_code == 200, "probes need no key"
 
 
+def test_the_bearer_scheme_is_case_insensitive(served: tuple[Gateway, dict[str, Any]]) -> None:
+    gw, _ = served
+    for scheme in ("bearer", "BEARER"):
+        key = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"{scheme} {KEY}"}, timeout=10)
+        assert key.status_code == 200, f"`{scheme} KEY` refused: {key.text}"
+        admin = httpx.get(gw.url + "/admin/plan", headers={"Authorization": f"{scheme} {ADMIN}"}, timeout=10)
+        assert admin.status_code == 200, f"`{scheme} TOKEN` refused: {admin.text}"
+
+
+def test_metrics_forget_the_old_plans_digest_and_the_replicas_it_alone_listed(
+    served: tuple[Gateway, dict[str, Any]], engine_a: Engine, engine_b: Engine
+) -> None:
+    gw, doc = served
+    new = plan_on(engine_b.url)
+    write_plan(gw.plan_path, new)
+    every_worker_serves(gw, new["digest"])
+    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    assert any(
+        line.startswith("llmgw_replica_healthy{") and engine_b.url in line for line in text.splitlines()
+    ), "the replica the new plan lists is reported"
+    stale = [
+        line
+        for line in text.splitlines()
+        if (line.startswith("llmgw_replica_healthy{") and engine_a.url in line)
+        or (line.startswith("llmgw_plan_info{") and doc["digest"] in line)
+    ]
+    assert not stale, f"series for what is no longer served: {stale}"
+
+
 def test_admin_needs_the_admin_token(served: tuple[Gateway, dict[str, Any]]) -> None:
     gw, doc = served
     for headers in ({}, auth(), {"Authorization": "Bearer wrong"}):
