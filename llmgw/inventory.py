@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from llmgw.errors import UsageError
 from llmgw.schema import validator
@@ -180,11 +181,18 @@ def parse_ports(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9._/-]+")
+
+
 def entry_yaml(entry: dict[str, Any]) -> str:
     """The entry as a `nodes:` list item, indented to paste under `nodes:` in fleet.yaml."""
     yaml = YAML()
     yaml.default_flow_style = None  # leaves in flow style: labels: {pool: gpu}, like fleet.yaml
     yaml.indent(mapping=2, sequence=2, offset=0)
     out = StringIO()
-    yaml.dump([entry], out)
+    # ruamel writes `zone: rack:3` plain inside { }, which YAML parsers (ruamel's own
+    # included) refuse: quote every label value that is not a plain word.
+    labels = {k: v if _PLAIN.fullmatch(v) else DoubleQuotedScalarString(v)
+              for k, v in entry.get("labels", {}).items()}
+    yaml.dump([{**entry, "labels": labels} if "labels" in entry else entry], out)
     return "".join(f"  {line}\n" if line else "\n" for line in out.getvalue().splitlines())

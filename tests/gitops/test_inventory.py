@@ -117,3 +117,17 @@ def test_cli_prints_this_machines_entry(tmp_path: Path) -> None:
 def test_cli_bad_label_exits_2_with_a_sentence() -> None:
     result = run_llmgw("inventory", "--label", "pool")
     assert result.code == 2 and "--label 'pool' is not KEY=VALUE" in result.stderr, result
+
+
+def test_labels_with_colons_and_commas_paste_into_a_fleet_llmgw_reads(
+    meminfo: Path, tmp_path: Path
+) -> None:
+    labels = parse_labels(("zone=rack:3", "note=a, b", "pool=gpu"))
+    inv = take_inventory(name="n", address="127.0.0.9", meminfo=meminfo, path=str(tmp_path), labels=labels)
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("nodes:\n" + entry_yaml(inv.entry))
+    (tmp_path / "catalog").mkdir()
+    run = run_llmgw("lint", "catalog", "--fleet", fleet, cwd=tmp_path)
+    assert run.code == 0, run
+    node = YAML(typ="safe").load(fleet.read_text())["nodes"][0]
+    assert node["labels"] == {"zone": "rack:3", "note": "a, b", "pool": "gpu"}
