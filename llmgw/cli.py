@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from llmgw import __version__
-from llmgw.errors import LlmgwError, UsageError
+from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.lint import LintResult, lint
 from llmgw.plan import build_plan, dump_plan, read_plan
 from llmgw.report import REPORTERS
@@ -72,9 +72,16 @@ fleet_option = click.option(
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
 def lint_command(catalog: Path, fleet_path: Path, fmt: str, strict: bool) -> None:
     """Check every model file against the schema and the fleet; report every finding."""
-    result = lint(catalog, fleet_path)
     reporter = REPORTERS[fmt]
     out = sys.stdout
+    try:
+        result = lint(catalog, fleet_path)
+    except FleetError as exc:
+        if fmt == "text":
+            raise  # the sentence and its findings, on stderr, as for any error
+        reporter(exc.findings, out, color=False)
+        click.echo(f"llmgw: cannot use the fleet inventory {fleet_path}; fix it first.", err=True)
+        sys.exit(EXIT_CANNOT_RUN)
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
         click.echo(_summary(result), err=True)

@@ -2,12 +2,18 @@
 
     LlmgwError          -> exit 2, its message printed as it is
       UsageError        a file or directory that is missing or unreadable
+        FleetError      a fleet inventory that is missing or wrong, with its findings
       PlanError         a plan that cannot be read or does not validate
 
 Findings (lint results) are not errors: they are collected and reported.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmgw.findings import Finding
 
 
 class LlmgwError(Exception):
@@ -16,6 +22,15 @@ class LlmgwError(Exception):
 
 class UsageError(LlmgwError):
     pass
+
+
+class FleetError(UsageError):
+    """Carries its findings, so `lint --format json|github|markdown` can report them too:
+    a pull request that breaks fleet.yaml must not get an empty lint section."""
+
+    def __init__(self, message: str, findings: list[Finding]) -> None:
+        super().__init__(message)
+        self.findings = findings
 
 
 class PlanError(LlmgwError):

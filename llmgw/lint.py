@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw.errors import UsageError
+from llmgw.errors import FleetError, UsageError
 from llmgw.findings import Finding, count
 from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec, Node
@@ -98,19 +98,18 @@ def read_fleet(path: Path) -> tuple[Fleet, Document]:
     """The fleet must be right before anything can be checked against it: mistakes exit 2."""
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
-        raise UsageError(
-            f"fleet inventory {path} {what}; write one (see `llmgw inventory` on each "
-            "node) or pass --fleet PATH."
-        )
+        message = (f"fleet inventory {path} {what}; write one (see `llmgw inventory` on each "
+                   "node) or pass --fleet PATH.")
+        raise FleetError(message, [Finding(path.as_posix(), 1, 1, "fleet", "error", message)])
     doc, problems = load_document(path, path.as_posix())
     if doc is not None and not problems:
         problems = schema_findings(doc, "fleet")
     if doc is None or problems:
-        raise UsageError(_fleet_problems(path, problems))
+        raise FleetError(_fleet_problems(path, problems), problems)
     fleet = Fleet.model_validate({**doc.data, "file": path.as_posix()})
     problems = _fleet_consistency(fleet, doc)
     if problems:
-        raise UsageError(_fleet_problems(path, problems))
+        raise FleetError(_fleet_problems(path, problems), problems)
     return fleet, doc
 
 

@@ -178,3 +178,15 @@ def test_colour_on_a_terminal_unless_no_color(tmp_path):
     assert "\033[1;31merror\033[0m[sharded-source]" in _lint_on_a_terminal(tmp_path)
     plain = _lint_on_a_terminal(tmp_path, NO_COLOR="1")
     assert "error[sharded-source]" in plain and "\033[" not in plain
+
+
+def test_a_broken_fleet_is_reported_in_every_format_with_exit_2(llmgw, tmp_path):
+    write_catalog(tmp_path, {"x.yaml": model_yaml()}, "nodes:\n  - {name: n1, memory_gb: 8}\n")
+    as_json = llmgw("lint", "--format", "json", cwd=tmp_path)
+    assert as_json.code == 2, as_json
+    [finding] = json.loads(as_json.stdout)["findings"]
+    assert finding["file"] == "fleet.yaml" and "missing required field 'address'" in finding["message"]
+    as_github = llmgw("lint", "--format", "github", cwd=tmp_path)
+    assert as_github.code == 2 and as_github.stdout.startswith("::error file=fleet.yaml,line=2")
+    as_markdown = llmgw("lint", "--format", "markdown", cwd=tmp_path)
+    assert as_markdown.code == 2 and "address" in as_markdown.stdout
