@@ -15,6 +15,7 @@ from harness import (
     Engine,
     Gateway,
     dead_endpoint,
+    engine,
     gateway,
     model,
     plan,
@@ -25,11 +26,19 @@ from harness import (
 
 
 @pytest.fixture(scope="module")
+def engine_loading() -> Iterator[Engine]:
+    """Answers /health 503, as llama.cpp and vLLM do while the weights load."""
+    with engine("loading", "127.0.0.9", "--health", "503") as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
 def gw(
     tmp_path_factory: pytest.TempPathFactory,
     engine_a: Engine,
     engine_b: Engine,
     engine_failing: Engine,
+    engine_loading: Engine,
 ) -> Iterator[Gateway]:
     a, b = engine_a.url, engine_b.url
     doc = plan(
@@ -56,6 +65,7 @@ def gw(
             model("nowhere", [profile([dead_endpoint("127.0.0.7")], "nowhere")]),
             model("org/model", [profile([a], "org/model")]),
             model("spread", [profile([a, b], "spread")]),
+            model("loading", [profile([engine_loading.url], "loading")]),
         ]
     )
     path = tmp_path_factory.mktemp("api") / "plan.json"
@@ -241,6 +251,22 @@ def test_an_unreachable_model_is_502_then_503_with_retry_after(gw: Gateway) -> N
     answer = wait_until(out_of_rotation, 15, "health checks to take the replica out")
     assert int(answer.headers["Retry-After"]) >= 1
     assert "nowhere" in error_of(answer)["message"]
+
+
+def test_a_replica_still_loading_is_out_of_rotation_until_its_health_says_200(
+    gw: Gateway, engine_loading: Engine
+) -> None:
+    def answers(expected: int) -> httpx.Response | None:
+        # Several in a row, so both workers have had their say.
+        got = [post(gw, "/v1/chat/completions", chat("loading")) for _ in range(6)]
+        return got[-1] if all(a.status_code == expected for a in got) else None
+
+    loading = wait_until(lambda: answers(503), 15, "/health 503 to take the replica out of rotation")
+    assert int(loading.headers["Retry-After"]) >= 1
+    assert error_of(loading)["code"] == "no_healthy_replica"
+    httpx.post(engine_loading.url + "/fake/health", json={"status": 200}, timeout=10)
+    back = wait_until(lambda: answers(200), 15, "/health 200 to bring the replica back")
+    assert back.json()["system_fingerprint"] == "loading"
 
 
 def test_an_engine_slow_to_start_answering_is_504(gw: Gateway) -> None:
