@@ -50,18 +50,34 @@ def _explain(doc: Document, error: ValidationError) -> list[Finding]:
                             f"{field} is {error.instance!r}, which is not one of: {options}{hint}")]
     if error.validator == "type":
         want = error.validator_value
-        want_text = " or ".join(want) if isinstance(want, list) else want
+        wants = want if isinstance(want, list) else [want]
+        want_text = " or ".join(_YAML_WORDS.get(w, f"a {w}") for w in wants)
         return [doc.finding("error", "schema", path,
-                            f"{field or 'the file'} must be {_article(want_text)} {want_text}, "
+                            f"{field or 'the file'} must be {want_text}, "
                             f"not {_describe(error.instance)}.")]
+    if error.validator in ("minimum", "exclusiveMinimum", "maximum"):
+        bound = error.validator_value
+        need = {"minimum": f"at least {bound}", "exclusiveMinimum": f"more than {bound}",
+                "maximum": f"at most {bound}"}[str(error.validator)]
+        return [doc.finding("error", "schema", path,
+                            f"{field} is {error.instance}; it must be {need}.")]
+    if error.validator == "minItems":
+        return [doc.finding("error", "schema", path,
+                            f"{field} is empty; list at least {error.validator_value}, or remove "
+                            "the key where it is optional.")]
+    if error.validator == "uniqueItems" and isinstance(error.instance, list):
+        dupes = sorted({str(x) for x in error.instance if error.instance.count(x) > 1})
+        return [doc.finding("error", "schema", path,
+                            f"{field} lists {', '.join(repr(d) for d in dupes)} more than once; "
+                            "keep one of each.")]
     if error.validator == "pattern" and "endpoints" in path:
         return [doc.finding("error", "schema", path,
                             f"{field} {error.instance!r} is not an engine address the gateway "
                             "can reach; write http://HOST:PORT, optionally ending in /v1.")]
-    if error.validator == "pattern" and path and path[-1] == "name":
+    if error.validator == "pattern" and path and (path[-1] == "name" or "aliases" in path):
         return [doc.finding("error", "schema", path,
-                            f"{field} {error.instance!r} is not a usable name: use letters, digits "
-                            "and . _ - : / only, starting with a letter or digit.")]
+                            f"{field} {error.instance!r} is not a usable name: "
+                            f"{_name_rule(str(error.validator_value))}.")]
     subject = field or "the file"
     return [doc.finding("error", "schema", path, f"{subject}: {error.message}.")]
 
@@ -88,6 +104,25 @@ def _quoted(key: object, limit: int = 40) -> str:
     if len(text) > limit or not text.isprintable():
         return f"'{text[:limit].encode('unicode_escape').decode()}…'"
     return f"'{text}'"
+
+
+_YAML_WORDS = {
+    "integer": "a whole number",
+    "number": "a number",
+    "string": "a string",
+    "array": "a list",
+    "object": "a mapping",
+    "boolean": "true or false",
+}
+
+
+def _name_rule(pattern: str) -> str:
+    """The name pattern in words: each schema names things slightly differently."""
+    letters = "lowercase letters" if "A-Z" not in pattern else "letters"
+    extra = " ".join(c for c in "._:/-" if c in pattern.split("]")[1])
+    length = pattern.rsplit("{", 1)[-1].split("}")[0].split(",")[-1] if "{" in pattern else ""
+    longest = f", at most {int(length) + 1} characters" if length.isdigit() else ""
+    return f"use {letters}, digits and {extra} only, starting with a letter or digit{longest}"
 
 
 def _field_name(path: tuple) -> str:

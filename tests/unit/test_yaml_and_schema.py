@@ -66,7 +66,7 @@ def test_wrong_type_says_what_was_expected_and_what_was_found(tmp_path):
     result = run(tmp_path, {"a.yaml": model_yaml(extra='max_output: "lots"\n')})
     [finding] = by_rule(result, "schema")
     assert finding.line == 6
-    assert "must be an integer" in finding.message and "'lots'" in finding.message
+    assert "must be a whole number" in finding.message and "'lots'" in finding.message
 
 
 def test_unknown_engine_suggests_the_right_spelling(tmp_path):
@@ -107,3 +107,26 @@ def test_deeply_nested_brackets_are_findings_not_a_crash(tmp_path):
                             "b.yaml": "a: " + "[" * 20000 + "\n"})
     assert "unknown-field" in {f.rule for f in result.findings if f.file.endswith("a.yaml")}
     assert [f.rule for f in result.findings if f.file.endswith("b.yaml")] == ["yaml"]
+
+
+def test_schema_messages_say_what_to_write_instead(tmp_path):
+    text = model_yaml(extra="aliases: [a, a]\n", profile_extra="    weight: -1\n").replace(
+        "replicas: 1", "replicas: 0").replace("  - name: main", "  - name: GPU")
+    result = run(tmp_path, {"a.yaml": text})
+    messages = [f.message for f in by_rule(result, "schema")]
+    assert "replicas is 0; it must be at least 1." in messages
+    assert "aliases lists 'a' more than once; keep one of each." in messages
+    assert "profiles[0].weight is -1; it must be at least 0." in messages
+    assert any("profiles[0].name 'GPU' is not a usable name: use lowercase letters" in m for m in messages)
+
+
+def test_wrong_kind_of_value_uses_yaml_words(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml(extra="aliases: llama\n")})
+    [finding] = by_rule(result, "schema")
+    assert finding.message == "aliases must be a list, not a string ('llama')."
+
+
+def test_empty_profiles_says_list_at_least_one(tmp_path):
+    text = "name: a\nsource: hf://o/r/a.gguf\nweights_bytes: 1000\ncontext_length: 4096\nprofiles: []\n"
+    [finding] = by_rule(run(tmp_path, {"a.yaml": text}), "schema")
+    assert finding.message.startswith("profiles is empty; list at least 1")
