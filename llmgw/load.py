@@ -8,6 +8,7 @@ column of the value the finding is about.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,20 @@ def _yaml_finding(display: str, exc: MarkedYAMLError, text: str) -> Finding:
                        f"the key '{key}' appears twice{where}; keep one of them.")
     if mark is not None and _char_at(text, mark.line, mark.column) == "\t":
         problem = "a tab character"
+    opened = exc.context_mark
+    context = exc.context or ""
+    # An unclosed quote or bracket is found at the end of the file, or on a later line;
+    # the fix goes where it was opened.
+    if opened is not None and "quoted scalar" in context:
+        return Finding(display, opened.line + 1, opened.column + 1, "yaml", "error",
+                       "not valid YAML: this quote is never closed; end the value with the same "
+                       "quote mark it starts with.")
+    if opened is not None and "flow" in context and ("expected ','" in problem or "end of stream" in problem):
+        bracket = _char_at(text, opened.line, opened.column) or "bracket"
+        closing = {"[": "]", "{": "}"}.get(bracket, "its closing bracket")
+        return Finding(display, opened.line + 1, opened.column + 1, "yaml", "error",
+                       f"not valid YAML: this {bracket} is never closed, or an item in it lacks a "
+                       f"comma; close it with {closing}, or separate items with ', '.")
     return Finding(display, line, col, "yaml", "error", f"not valid YAML: {problem}; {_hint(problem)}")
 
 
@@ -176,13 +191,14 @@ def _unbuildable_value(display: str, text: str) -> Finding:
 def _earlier_key_line(text: str, key: str, line: int, col: int) -> int | None:
     """The line where `key` first appeared at the same indentation, before `line`."""
     lines = text.splitlines()
-    indent = " " * (col - 1)
     for n in range(line - 1, 0, -1):
-        candidate = lines[n - 1]
-        stripped = candidate[len(indent):]
-        if candidate.startswith(indent) and not stripped.startswith(" "):
-            if stripped.lstrip("- ").split(":", 1)[0].strip().strip("'\"") == key:
-                return n
+        # `  - name: a` holds its key at the same column as the `    name: b` below it.
+        candidate = re.sub(r"^(\s*)((?:-\s)*)", lambda m: m.group(1) + " " * len(m.group(2)),
+                           lines[n - 1])
+        if len(candidate) - len(candidate.lstrip(" ")) != col - 1:
+            continue
+        if candidate.strip().split(":", 1)[0].strip().strip("'\"") == key:
+            return n
     return None
 
 
@@ -192,7 +208,8 @@ def _hint(problem: str) -> str:
     if "found unexpected ':'" in problem:
         return 'inside [ ] or { }, quote a value that contains a colon, e.g. ["http://host:8000"].'
     if "mapping values are not allowed" in problem:
-        return "a value containing ': ' must be quoted, e.g. description: \"Fast: good for chat\"."
+        return ("a value containing ': ' must be quoted, e.g. description: \"Fast: good for "
+                "chat\"; or, if this line starts a new key, indent it like the keys above it.")
     if "expected <block end>" in problem or "could not find expected" in problem:
         return "check the indentation of this line against the lines above it."
     if "found character" in problem and "cannot start any token" in problem:

@@ -130,3 +130,21 @@ def test_empty_profiles_says_list_at_least_one(tmp_path):
     text = "name: a\nsource: hf://o/r/a.gguf\nweights_bytes: 1000\ncontext_length: 4096\nprofiles: []\n"
     [finding] = by_rule(run(tmp_path, {"a.yaml": text}), "schema")
     assert finding.message.startswith("profiles is empty; list at least 1")
+
+
+def test_an_unclosed_quote_is_found_where_it_opens(tmp_path):
+    result = run(tmp_path, {"a.yaml": 'name: a\ndescription: "unclosed\nreplicas: 1\n'})
+    [finding] = by_rule(result, "yaml")
+    assert (finding.line, finding.column) == (2, 14) and "quote is never closed" in finding.message
+
+
+def test_an_unclosed_bracket_is_found_where_it_opens(tmp_path):
+    result = run(tmp_path, {"a.yaml": "name: b\naliases: [x, y\nreplicas: 1\n"})
+    [finding] = by_rule(result, "yaml")
+    assert (finding.line, finding.column) == (2, 10) and "this [ is never closed" in finding.message
+
+
+def test_duplicate_first_key_of_a_list_item_names_the_first_line(tmp_path):
+    result = run(tmp_path, {"a.yaml": "profiles:\n  - name: a\n    name: b\n"})
+    [finding] = by_rule(result, "yaml")
+    assert "appears twice (first at line 2)" in finding.message
