@@ -120,8 +120,9 @@ def _model_view(model: Mapping[str, Any]) -> ModelView:
 
 
 def healthy_count(endpoints: tuple[str, ...], healthy: Mapping[str, bool]) -> int:
-    # An endpoint this worker has not checked yet is not in rotation: it counts
-    # as not healthy, because that is how requests will be routed.
+    # The snapshot lists every replica of the plan, and one not checked yet is in rotation
+    # (unknown is not down), so it is True there. An endpoint missing from it is one this
+    # worker does not route to at all, so it does not count.
     return sum(1 for e in endpoints if healthy.get(e, False))
 
 
