@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.findings import Finding
-from llmgw.model import Fleet, Node, Profile
+from llmgw.model import GPU_ENGINES, Fleet, Node, Profile
 from llmgw.rules import Entry
 from llmgw.rules.memory import capacity_gb
 
@@ -91,11 +91,11 @@ def place(entries: list[Entry], fleet: Fleet, previous: dict[str, Any] | None = 
     wants = _wants(entries)
     got: dict[ReplicaKey, Slot] = {}
     before = _previous_slots(previous)
+    chooser = _Chooser(list(states.values()))
     for want in wants:
-        slot = _keep_previous(want, states, before)
+        slot = _keep_previous(want, states, before, chooser)
         if slot:
             got[want.key] = slot
-    chooser = _Chooser(list(states.values()))
     # Largest first: big replicas find room before small ones fragment the nodes.
     for want in sorted(wants, key=lambda w: (-w.gpus, -w.need_gb, w.key)):
         if want.key in got:
@@ -103,7 +103,7 @@ def place(entries: list[Entry], fleet: Fleet, previous: dict[str, Any] | None = 
         slot = chooser.choose(want)
         if slot:
             got[want.key] = slot
-    return _result(entries, wants, got, fleet, list(states.values()))
+    return _result(wants, got, fleet, list(states.values()), chooser)
 
 
 def _wants(entries: list[Entry]) -> list[_Want]:
@@ -131,7 +131,8 @@ def _previous_slots(previous: dict[str, Any] | None) -> dict[ReplicaKey, tuple[s
 
 
 def _keep_previous(
-    want: _Want, states: dict[str, _NodeState], before: dict[ReplicaKey, tuple[str, int]]
+    want: _Want, states: dict[str, _NodeState], before: dict[ReplicaKey, tuple[str, int]],
+    chooser: _Chooser,
 ) -> Slot | None:
     was = before.get(want.key)
     if was is None:
@@ -140,6 +141,8 @@ def _keep_previous(
     state = states.get(node_name)
     if state is None or not state.node.matches(want.profile.node_selector):
         return None
+    if state.node.reports(want.profile.engine) is False and chooser.engine_may_run(want.profile):
+        return None  # its node no longer has the engine, and another may: move it there
     ports = state.node.ports
     if not (ports.first <= port <= ports.last) or port in state.ports:
         return None
@@ -172,15 +175,23 @@ class _Chooser:
             self.groups[key] = tiers
         return key, self.groups[key]
 
+    def engine_may_run(self, profile: Profile) -> bool:
+        """True when a node for this profile reports its engine, or reports nothing."""
+        _, tiers = self._tiers(profile)
+        return bool(tiers[0] or tiers[1])
+
+    # Spread one model's replicas over different nodes where there are enough; but a
+    # node that says it lacks the engine is the last resort, since a replica there does
+    # not start: two replicas on one able node serve more than one on each of two.
+    _ORDER = ((0, False), (1, False), (0, True), (1, True), (2, False), (2, True))
+
     def choose(self, want: _Want) -> Slot | None:
         key, tiers = self._tiers(want.profile)
         model = want.entry.spec.name
-        # Spread one model's replicas over different nodes where there are enough.
-        for allow_same_node in (False, True):
-            for t, tier in enumerate(tiers):
-                found = self._scan(key + (t,), tier, want, model, allow_same_node)
-                if found:
-                    return found
+        for t, allow_same_node in self._ORDER:
+            found = self._scan(key + (t,), tiers[t], want, model, allow_same_node)
+            if found:
+                return found
         return None
 
     def _scan(
@@ -198,23 +209,42 @@ class _Chooser:
 
 
 def _result(
-    entries: list[Entry], wants: list[_Want], got: dict[ReplicaKey, Slot], fleet: Fleet,
-    states: list[_NodeState],
+    wants: list[_Want], got: dict[ReplicaKey, Slot], fleet: Fleet, states: list[_NodeState],
+    chooser: _Chooser,
 ) -> Placement:
     slots: dict[tuple[str, str], list[Slot]] = {}
     short: dict[tuple[str, str], list[_Want]] = {}
+    lacking: dict[tuple[str, str], list[tuple[_Want, Slot]]] = {}
     for want in wants:
         pair = (want.entry.spec.name, want.profile.name)
         slot = got.get(want.key)
-        if slot:
-            slots.setdefault(pair, []).append(slot)
-        else:
+        if not slot:
             short.setdefault(pair, []).append(want)
-    findings = [_why_short(ws, len(slots.get(pair, [])), fleet) for pair, ws in short.items()]
+            continue
+        slots.setdefault(pair, []).append(slot)
+        if slot.node.reports(want.profile.engine) is False and chooser.engine_may_run(want.profile):
+            lacking.setdefault(pair, []).append((want, slot))
+    by_name = {s.node.name: s for s in states}
+    findings = [_why_short(ws, len(slots.get(pair, [])), fleet, by_name) for pair, ws in short.items()]
+    findings += [_on_nodes_lacking_the_engine(placed) for placed in lacking.values()]
     return Placement(slots, [f for f in findings if f], sorted(states, key=lambda s: s.node.name))
 
 
-def _why_short(missing: list[_Want], placed: int, fleet: Fleet) -> Finding | None:
+def _on_nodes_lacking_the_engine(placed: list[tuple[_Want, Slot]]) -> Finding:
+    want = placed[0][0]
+    engine = want.profile.engine
+    nodes = ", ".join(sorted({slot.node.name for _, slot in placed}))
+    return want.entry.doc.finding(
+        "warning", "engine-unavailable", (*want.entry.profile_path(want.profile), "engine"),
+        f"{len(placed)} replica(s) of profile {want.profile.name} are placed on {nodes}, which "
+        f"report(s) no {engine}, because the nodes that have it are full; they will not start "
+        f"until {engine} is installed there. Add room on nodes with {engine}, or install it.",
+    )
+
+
+def _why_short(
+    missing: list[_Want], placed: int, fleet: Fleet, states: dict[str, _NodeState]
+) -> Finding | None:
     want = missing[0]
     entry, profile = want.entry, want.profile
     eligible = fleet.matching(profile.node_selector)
@@ -230,6 +260,9 @@ def _why_short(missing: list[_Want], placed: int, fleet: Fleet) -> Finding | Non
         has = f"have at most {most}" if most else "have none"
         reason = (f"a replica needs {want.gpus} GPU(s) and the {where} {has}. "
                   "Lower gpus, or add a node with more GPUs.")
+        if not any(n.gpu_count for n in fleet.nodes) and profile.engine in GPU_ENGINES:
+            reason += (f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
+                       "the same model runs on the CPU nodes with engine llamacpp.")
     elif not any(capacity_gb(n, profile) >= want.need_gb for n in eligible):
         largest = max(eligible, key=lambda n: (capacity_gb(n, profile), n.name))
         reason = (f"a replica needs {want.need_gb:g} GB and it is too big for every eligible "
@@ -238,9 +271,12 @@ def _why_short(missing: list[_Want], placed: int, fleet: Fleet) -> Finding | Non
                   "estimate is wrong, or add a larger node.")
     else:
         fit = sorted(n.name for n in eligible if capacity_gb(n, profile) >= want.need_gb)
-        reason = (f"too few eligible nodes: the {where} that can hold one ({', '.join(fit)}) "
-                  "have no room left after the replicas already placed there. Lower replicas, "
-                  "or add nodes.")
+        if all(states[name].next_port > states[name].node.ports.last for name in fit):
+            room = "have no ports left in their port ranges; widen ports in the fleet, or add nodes."
+        else:
+            room = ("have no room left after the replicas already placed there. Lower replicas, "
+                    "or add nodes.")
+        reason = f"too few eligible nodes: the {where} that can hold one ({', '.join(fit)}) {room}"
     path: tuple[str | int, ...] = entry.profile_path(profile)
     if profile.replicas is None:
         path = ("replicas",) if "replicas" in entry.doc.data else path

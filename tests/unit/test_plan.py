@@ -93,7 +93,30 @@ def test_placement_prefers_nodes_reporting_the_engine_then_unknown_then_others(t
     plan = plan_for(tmp_path, {"a.yaml": model_yaml(replicas=3, selector="{}")},
                     fleet=UNKNOWN_AGENT_FLEET)
     nodes = [r["node"] for r in plan["models"][0]["profiles"][0]["replicas"]]
-    assert nodes == ["a-reports", "b-unknown", "c-other"]
+    # Spread over the nodes that may run it; never onto one that says it cannot.
+    assert nodes == ["a-reports", "b-unknown", "a-reports"]
+    assert plan["models"][0]["warnings"] == []
+
+
+def test_a_node_lacking_the_engine_is_the_last_resort_and_warned_about(tmp_path):
+    fleet = UNKNOWN_AGENT_FLEET.replace("memory_gb: 64\n    engines: [llamacpp]",
+                                        "memory_gb: 8\n    engines: [llamacpp]")
+    fleet = fleet.replace("  - name: b-unknown\n    address: 127.0.0.12\n    memory_gb: 64\n", "")
+    plan = plan_for(tmp_path, {"a.yaml": model_yaml(replicas=2, selector="{}")}, fleet=fleet)
+    nodes = [r["node"] for r in plan["models"][0]["profiles"][0]["replicas"]]
+    assert nodes == ["a-reports", "c-other"]
+    [warning] = plan["models"][0]["warnings"]
+    assert warning["rule"] == "engine-unavailable" and "placed on c-other" in warning["message"]
+
+
+def test_previous_replica_leaves_a_node_that_no_longer_reports_its_engine(tmp_path):
+    first = plan_for(tmp_path / "one", {"a.yaml": model_yaml(selector="{}")},
+                     fleet=UNKNOWN_AGENT_FLEET)
+    assert first["models"][0]["profiles"][0]["replicas"][0]["node"] == "a-reports"
+    changed = UNKNOWN_AGENT_FLEET.replace("engines: [llamacpp]", "engines: [vllm]")
+    second = plan_for(tmp_path / "two", {"a.yaml": model_yaml(selector="{}")}, fleet=changed,
+                      previous=first)
+    assert second["models"][0]["profiles"][0]["replicas"][0]["node"] == "b-unknown"
 
 
 def test_endpoints_use_the_node_address_and_its_port_range(tmp_path):

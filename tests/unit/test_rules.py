@@ -176,3 +176,19 @@ def test_a_source_naming_no_file_type_is_unreadable(tmp_path):
         result = run(tmp_path / str(i), {"a.yaml": model_yaml(source=source)})
         [finding] = by_rule(result, "unreadable-format")
         assert "names no file type" in finding.message and "hf://org/repo" in finding.message
+
+
+def test_running_out_of_ports_is_said_as_such(tmp_path):
+    fleet = "nodes:\n  - {name: n1, address: 127.0.0.11, memory_gb: 64, ports: {first: 8001, last: 8001}}\n"
+    result = run(tmp_path, {"a.yaml": model_yaml("a", selector="{}"),
+                            "b.yaml": model_yaml("b", selector="{}")}, fleet=fleet)
+    [finding] = by_rule(result, "placement")
+    assert "no ports left in their port ranges" in finding.message
+
+
+def test_gpu_placement_in_a_gpu_less_fleet_suggests_a_gguf_build(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml(source="hf://Qwen/Qwen2.5-7B-Instruct",
+                                                  engine="vllm", selector="{}")},
+                 fleet=NO_ENGINE_FLEET)
+    [finding] = by_rule(result, "placement")
+    assert "have none" in finding.message and "a GGUF build" in finding.message
