@@ -19,7 +19,7 @@ from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec, Node
 from llmgw.place import Placement, place
 from llmgw.rules import Context, Entry, run_rules
-from llmgw.validate import schema_findings
+from llmgw.validate import schema_findings, without_mistakes
 
 MODEL_SUFFIXES = (".yaml", ".yml")
 
@@ -65,9 +65,10 @@ def lint(catalog: Path, fleet_path: Path, previous: dict[str, Any] | None = None
         documents.append(doc)
         problems = schema_findings(doc, "model")
         findings.extend(problems)
-        if problems:
-            continue
-        entries.append(Entry(doc, ModelSpec.model_validate(doc.data), path.parent))
+        data = without_mistakes(doc.data, "model") if problems else doc.data
+        if data is None:
+            continue  # a required key is missing or wrong: nothing sound to check further
+        entries.append(Entry(doc, ModelSpec.model_validate(data), path.parent))
     entries.sort(key=lambda e: e.spec.name)
     findings.extend(run_rules(Context(entries, fleet)))
     # Placement needs names that resolve to one model; with duplicates it would

@@ -6,7 +6,9 @@ only turns jsonschema's errors into what a person editing the file needs to read
 
 from __future__ import annotations
 
+import copy
 from difflib import get_close_matches
+from typing import Any
 
 from jsonschema.exceptions import ValidationError
 
@@ -25,6 +27,53 @@ def schema_findings(doc: Document, name: str) -> list[Finding]:
             if finding not in findings:
                 findings.append(finding)
     return findings
+
+
+def without_mistakes(data: Any, name: str) -> dict[str, Any] | None:
+    """`data` with every optional key the schema refuses taken out, or None if that is not
+    enough (a required key is missing or wrong).
+
+    A file with one unknown key would otherwise hide everything else wrong with it until
+    the next run; its other rules run on what is left, and no plan is written anyway.
+    """
+    if not isinstance(data, dict):
+        return None
+    try:
+        data = copy.deepcopy(data)
+    except RecursionError:
+        return None  # nested deeper than any model file; its findings are enough
+    for _ in range(3):
+        errors = list(validator(name).iter_errors(data))
+        if not errors:
+            return data
+        for error in errors:
+            if not _drop(data, error):
+                return None
+    return None
+
+
+def _drop(data: dict[str, Any], error: ValidationError) -> bool:
+    """Take out what `error` is about; False when there is nothing that may go."""
+    if error.validator == "required":
+        return False  # a required key that was dropped, or never there
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = error.schema.get("properties", {})
+        for key in [k for k in error.instance if k not in known]:
+            del error.instance[key]
+        return True
+    # Only whole keys go: dropping a list item would shift the positions of the rest.
+    path = list(error.absolute_path)
+    while path and isinstance(path[-1], int):
+        path.pop()
+    if not path:
+        return False
+    parent: Any = data
+    for step in path[:-1]:
+        parent = parent[step]
+    if not isinstance(parent, dict):
+        return False
+    parent.pop(path[-1], None)
+    return True
 
 
 def _explain(doc: Document, error: ValidationError) -> list[Finding]:

@@ -148,3 +148,20 @@ def test_duplicate_first_key_of_a_list_item_names_the_first_line(tmp_path):
     result = run(tmp_path, {"a.yaml": "profiles:\n  - name: a\n    name: b\n"})
     [finding] = by_rule(result, "yaml")
     assert "appears twice (first at line 2)" in finding.message
+
+
+def test_a_schema_mistake_does_not_hide_the_files_other_findings(tmp_path):
+    shard = "hf://org/r-GGUF/r-00001-of-00002.gguf"
+    result = run(tmp_path, {
+        "a.yaml": model_yaml("same"),
+        "b.yaml": model_yaml("same", source=shard, extra='replica: 2\ndescription: ""\n'),
+    })
+    rules = sorted(f.rule for f in result.findings if f.file.endswith("b.yaml"))
+    assert rules == ["duplicate-name", "schema", "sharded-source", "unknown-field"]
+
+
+def test_a_missing_required_key_stops_the_checks_of_that_file_only(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml().replace("context_length: 8192\n", ""),
+                            "b.yaml": model_yaml("b", source="hf://o/r/x.pt")})
+    assert [f.rule for f in result.findings if f.file.endswith("a.yaml")] == ["schema"]
+    assert [f.rule for f in result.findings if f.file.endswith("b.yaml")] == ["unreadable-format"]
