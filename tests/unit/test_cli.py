@@ -190,3 +190,16 @@ def test_a_broken_fleet_is_reported_in_every_format_with_exit_2(llmgw, tmp_path)
     assert as_github.code == 2 and as_github.stdout.startswith("::error file=fleet.yaml,line=2")
     as_markdown = llmgw("lint", "--format", "markdown", cwd=tmp_path)
     assert as_markdown.code == 2 and "address" in as_markdown.stdout
+
+
+def test_github_format_escapes_what_would_break_a_workflow_command():
+    import io
+
+    from llmgw.findings import Finding
+    from llmgw.report.github import report
+
+    out = io.StringIO()
+    report([Finding("catalog/a,b:c.yaml", 3, 4, "yaml", "error", "100% wrong\nsecond line")], out,
+           color=False)
+    assert out.getvalue() == (
+        "::error file=catalog/a%2Cb%3Ac.yaml,line=3,col=4,title=yaml::100%25 wrong%0Asecond line\n")

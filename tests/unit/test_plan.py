@@ -186,3 +186,21 @@ def test_plan_carries_the_warnings_that_applied_to_each_model(tmp_path):
     [model] = plan["models"]
     assert [w["rule"] for w in model["warnings"]] == ["engine-unavailable"]
     assert model["profiles"][0]["replicas"][0]["node"] == "n1"  # a warning is not a refusal
+
+
+def test_known_architecture_adds_the_kv_cache_for_ctx_size(tmp_path):
+    arch = "architecture: {layers: 32, kv_heads: 8, head_dim: 128}\n"
+    plan = plan_for(tmp_path, {"a.yaml": model_yaml(extra=arch, selector="{}",
+                                                    profile_extra="    ctx_size: 65536\n")})
+    memory = plan["models"][0]["profiles"][0]["memory"]
+    # 2 × 32 layers × 8 heads × 128 × 2 bytes × 65,536 tokens = 8.6 GB of KV cache.
+    assert "KV cache 8.6 GB for ctx_size 65536" in memory["basis"]
+    assert memory["gb"] == 14.6  # 4.92 weights + 8.59 KV + 1.0 buffers = 14.51, rounded up
+
+
+def test_plan_records_every_file_it_was_made_from(tmp_path):
+    plan = plan_for(tmp_path, {"b.yaml": model_yaml("b"), "a.yaml": model_yaml("a")})
+    files = plan["inputs"]["files"]
+    assert [f["path"].rsplit("/", 1)[-1] for f in files] == ["a.yaml", "b.yaml"]
+    assert all(len(f["sha256"]) == 64 for f in files)
+    assert plan["inputs"]["fleet"]["path"].endswith("fleet.yaml")
