@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from llmgw.lint import lint
-from llmgw.plan import build_plan, dump_plan
+# Runs from a checkout whether or not llmgw is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from llmgw.lint import lint  # noqa: E402
+from llmgw.plan import build_plan, dump_plan  # noqa: E402
 
 MODEL = """\
 # yaml-language-server: $schema=../schema/model.schema.json
