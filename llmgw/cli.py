@@ -213,7 +213,13 @@ def pr_comment_command(body_file: str, number: int | None, marker: str | None) -
     Server, repository and token come from the environment Gitea Actions sets
     (GITHUB_SERVER_URL, GITHUB_REPOSITORY, GITHUB_TOKEN).
     """
-    from llmgw.gitea import DEFAULT_MARKER, GiteaError, post_comment, pull_request_from_env
+    from llmgw.gitea import (
+        DEFAULT_MARKER,
+        GiteaError,
+        ReadOnlyFork,
+        post_comment,
+        pull_request_from_env,
+    )
 
     try:
         body = sys.stdin.read() if body_file == "-" else Path(body_file).read_text("utf-8")
@@ -222,7 +228,11 @@ def pr_comment_command(body_file: str, number: int | None, marker: str | None) -
     if not body.strip():
         raise GiteaError("the comment body is empty; pass the markdown to post with --body-file.")
     pr = pull_request_from_env(os.environ, number)
-    posted = post_comment(pr, body, marker or DEFAULT_MARKER)
+    try:
+        posted = post_comment(pr, body, marker or DEFAULT_MARKER)
+    except ReadOnlyFork as exc:
+        click.echo(f"::warning title=pr-comment::{exc}")
+        return
     where = f": {posted.url}" if posted.url else ""
     click.echo(
         f"{posted.action.capitalize()} comment {posted.comment_id} on pull request "

@@ -40,6 +40,11 @@ class GiteaError(LlmgwError):
     pass
 
 
+class ReadOnlyFork(GiteaError):
+    """Gitea gives a pull request from a fork a read-only token: not the author's fault,
+    so the job warns and goes on instead of failing every fork's pull request."""
+
+
 @dataclass(frozen=True)
 class PullRequest:
     server: str  # e.g. http://127.0.0.1:3000, no trailing slash
@@ -47,6 +52,7 @@ class PullRequest:
     repo: str
     number: int
     token: str
+    from_fork: bool = False
 
     @property
     def api(self) -> str:
@@ -83,9 +89,19 @@ def pull_request_from_env(env: Mapping[str, str], number: int | None = None) -> 
     if "/" not in repository:
         raise GiteaError(f"GITHUB_REPOSITORY is {repository!r}; expected owner/name.")
     owner, repo = repository.split("/", 1)
+    event_path = env.get("GITHUB_EVENT_PATH") or env.get("GITEA_EVENT_PATH")
     if number is None:
-        number = _number_from_event(env.get("GITHUB_EVENT_PATH") or env.get("GITEA_EVENT_PATH"))
-    return PullRequest(server, owner, repo, number, token)
+        number = _number_from_event(event_path)
+    return PullRequest(server, owner, repo, number, token, _from_fork(event_path, repository))
+
+
+def _from_fork(event_path: str | None, repository: str) -> bool:
+    try:
+        event = json.loads(Path(event_path).read_text(encoding="utf-8")) if event_path else {}
+        head = event["pull_request"]["head"]["repo"]["full_name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(head, str) and head.lower() != repository.lower()
 
 
 def _number_from_event(event_path: str | None) -> int:
@@ -223,6 +239,12 @@ def _request(
         response = client.request(method, url, json=payload, params=params)
     except httpx.HTTPError as exc:
         raise GiteaError(f"cannot reach Gitea at {pr.server}: {exc}.") from None
+    if response.status_code in (401, 403) and pr.from_fork:
+        raise ReadOnlyFork(
+            f"Gitea refused {method} {url} (HTTP {response.status_code}): this pull request "
+            "comes from a fork, whose jobs get a read-only token, so no comment was posted. "
+            "The lint findings and the plan diff are in this job's log and summary."
+        )
     if response.status_code in (401, 403):
         raise GiteaError(
             f"Gitea refused {method} {url} (HTTP {response.status_code}): the token may not "

@@ -199,3 +199,17 @@ def test_a_server_that_ignores_page_is_read_once_more_and_no_further(tmp_path: P
     assert "Updated comment 500" in result.stderr, result
     lists = [r for r in gitea.requests if r == ("GET", "/api/v1/repos/team/models/issues/7/comments")]
     assert len(lists) == 2, lists
+
+
+def test_a_fork_pull_request_warns_instead_of_failing_the_job(tmp_path: Path) -> None:
+    with serve(FakeGitea()) as gitea:
+        env = gitea_env(gitea, tmp_path)
+        event = {"pull_request": {"number": 7, "head": {"repo": {"full_name": "someone/models"}},
+                                  "base": {"repo": {"full_name": f"{gitea.owner}/{gitea.repo}"}}}}
+        Path(env["GITHUB_EVENT_PATH"]).write_text(json.dumps(event))
+        body = tmp_path / "comment.md"
+        body.write_text("body\n")
+        result = run_llmgw("pr-comment", "--body-file", body, **{**env, "GITHUB_TOKEN": "read-only"})
+    assert result.code == 0, result
+    assert result.stdout.startswith("::warning title=pr-comment::") and "fork" in result.stdout
+    assert gitea.comments.get(7, []) == []
