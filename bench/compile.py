@@ -87,6 +87,12 @@ def main() -> None:
         t1 = time.perf_counter()
         text = dump_plan(build_plan(result))
         t2 = time.perf_counter()
+        # The worst case: every file has a finding, so every file's positions are read.
+        for path in catalog.iterdir():
+            path.write_text(path.read_text().replace("max_output:", "max_ouptut:"))
+        t3 = time.perf_counter()
+        broken = lint(catalog, fleet)
+        t4 = time.perf_counter()
     errors, warnings = result.counts()
     replicas = sum(s.replicas for s in result.placement.nodes)
     print(f"models {args.models}, nodes {args.nodes}: {replicas} replicas placed, "
@@ -94,6 +100,7 @@ def main() -> None:
     print(f"lint (parse, schema, rules, placement): {t1 - t0:6.2f} s")
     print(f"plan (resolve, digest, serialise):      {t2 - t1:6.2f} s")
     print(f"lint + plan:                            {t2 - t0:6.2f} s  (target < 5 s on 2 cores)")
+    print(f"lint, every file with a finding:        {t4 - t3:6.2f} s  ({broken.counts()[0]} errors)")
 
 
 if __name__ == "__main__":

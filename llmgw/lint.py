@@ -19,7 +19,7 @@ from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec, Node
 from llmgw.place import Placement, place
 from llmgw.rules import Context, Entry, run_rules
-from llmgw.validate import schema_findings, without_mistakes
+from llmgw.validate import check_document, schema_findings
 
 MODEL_SUFFIXES = (".yaml", ".yml")
 
@@ -63,9 +63,8 @@ def lint(catalog: Path, fleet_path: Path, previous: dict[str, Any] | None = None
         if doc is None or problems:
             continue
         documents.append(doc)
-        problems = schema_findings(doc, "model")
+        problems, data = check_document(doc, "model")
         findings.extend(problems)
-        data = without_mistakes(doc.data, "model") if problems else doc.data
         if data is None:
             continue  # a required key is missing or wrong: nothing sound to check further
         entries.append(Entry(doc, ModelSpec.model_validate(data), path.parent))

@@ -18,6 +18,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from ruamel.yaml.resolver import VersionedResolver
 
 from llmgw.findings import Finding, Severity
 
@@ -29,9 +30,23 @@ MAX_FILE_BYTES = 1 << 20
 _local = threading.local()
 
 
+class _Yaml12Resolver(VersionedResolver):
+    """YAML 1.2, as ruamel reads by default, without asking on every scalar.
+
+    With the C parser, ruamel's resolver looks for the document's %YAML version on a
+    scanner that does not exist, raising and catching an AttributeError for each scalar:
+    a third of the time spent loading 5,000 model files.
+    """
+
+    @property
+    def processing_version(self) -> Any:
+        return (1, 2)
+
+
 def _fast_yaml() -> YAML:
     if not hasattr(_local, "fast"):
         _local.fast = YAML(typ="safe", pure=False)
+        _local.fast.Resolver = _Yaml12Resolver
     return _local.fast
 
 

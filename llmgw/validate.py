@@ -17,19 +17,29 @@ from llmgw.load import Document
 from llmgw.schema import validator
 
 
-def schema_findings(doc: Document, name: str) -> list[Finding]:
-    """Every schema violation in `doc`, each at the offending value's line."""
+def check_document(doc: Document, name: str) -> tuple[list[Finding], dict[str, Any] | None]:
+    """Every schema violation in `doc`, each at the offending value's line; and the data
+    the later stages may check (see `without_mistakes`), or None."""
+    errors = list(validator(name).iter_errors(doc.data))
     findings: list[Finding] = []
-    for error in validator(name).iter_errors(doc.data):
+    for error in errors:
         for finding in _explain(doc, error):
             # One mistake can break two keywords (a blank description fails
             # minLength and pattern); say it once.
             if finding not in findings:
                 findings.append(finding)
-    return findings
+    if not errors:
+        return findings, doc.data
+    return findings, without_mistakes(doc.data, name, errors)
 
 
-def without_mistakes(data: Any, name: str) -> dict[str, Any] | None:
+def schema_findings(doc: Document, name: str) -> list[Finding]:
+    return check_document(doc, name)[0]
+
+
+def without_mistakes(
+    data: Any, name: str, errors: list[ValidationError] | None = None
+) -> dict[str, Any] | None:
     """`data` with every optional key the schema refuses taken out, or None if that is not
     enough (a required key is missing or wrong).
 
@@ -43,37 +53,48 @@ def without_mistakes(data: Any, name: str) -> dict[str, Any] | None:
     except RecursionError:
         return None  # nested deeper than any model file; its findings are enough
     for _ in range(3):
-        errors = list(validator(name).iter_errors(data))
+        errors = errors if errors is not None else list(validator(name).iter_errors(data))
         if not errors:
             return data
         for error in errors:
             if not _drop(data, error):
                 return None
+        errors = None
     return None
 
 
 def _drop(data: dict[str, Any], error: ValidationError) -> bool:
-    """Take out what `error` is about; False when there is nothing that may go."""
+    """Take out what `error` is about, found by its path; False when nothing may go."""
     if error.validator == "required":
         return False  # a required key that was dropped, or never there
-    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+    path = list(error.absolute_path)
+    if error.validator == "additionalProperties":
+        target = _at(data, path)
+        if not isinstance(target, dict):
+            return False
         known = error.schema.get("properties", {})
-        for key in [k for k in error.instance if k not in known]:
-            del error.instance[key]
+        for key in [k for k in target if k not in known]:
+            del target[key]
         return True
     # Only whole keys go: dropping a list item would shift the positions of the rest.
-    path = list(error.absolute_path)
     while path and isinstance(path[-1], int):
         path.pop()
     if not path:
         return False
-    parent: Any = data
-    for step in path[:-1]:
-        parent = parent[step]
+    parent = _at(data, path[:-1])
     if not isinstance(parent, dict):
         return False
     parent.pop(path[-1], None)
     return True
+
+
+def _at(data: Any, path: list[str | int]) -> Any:
+    for step in path:
+        try:
+            data = data[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
 
 
 def _explain(doc: Document, error: ValidationError) -> list[Finding]:
