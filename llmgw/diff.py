@@ -319,10 +319,11 @@ def _diff_node(old: dict[str, Any], new: dict[str, Any]) -> ResourceChange | Non
 
 
 def read_side(path: Path | str) -> dict[str, Any]:
-    """Read one side of a diff; an empty file (such as /dev/null) stands for no plan at all.
+    """Read the old side of a diff; an empty file (such as /dev/null) stands for no plan.
 
     The first pull request that adds a catalogue has no base plan, and the first deploy
-    has no deployed one: both are "everything is added", not an error.
+    has no deployed one: both are "everything is added", not an error. The new side is
+    always a plan: an empty one there means a plan step failed, not "remove everything".
     """
     p = Path(path)
     try:

@@ -268,7 +268,8 @@ def _json(response: httpx.Response, method: str, url: str) -> Any:
         return response.json()
     except ValueError:
         raise GiteaError(
-            f"Gitea answered {method} {url} with something that is not JSON."
+            f"Gitea answered {method} {url} with something that is not JSON; check that "
+            "GITHUB_SERVER_URL is Gitea's root URL, not a login page or a proxy in front of it."
         ) from None
 
 

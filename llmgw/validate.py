@@ -140,6 +140,10 @@ def _explain(doc: Document, error: ValidationError) -> list[Finding]:
         return [doc.finding("error", "schema", path,
                             f"{field} lists {', '.join(repr(d) for d in dupes)} more than once; "
                             "keep one of each.")]
+    if error.validator == "pattern" and path and path[-1] == "address":
+        return [doc.finding("error", "schema", path,
+                            f"{field} {error.instance!r} is not a host name or IP address; write "
+                            "the address the gateway reaches this node on, e.g. 127.0.0.11.")]
     if error.validator == "pattern" and "endpoints" in path:
         return [doc.finding("error", "schema", path,
                             f"{field} {error.instance!r} is not an engine address the gateway "

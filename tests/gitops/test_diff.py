@@ -221,3 +221,13 @@ def test_markdown_table_shows_catalogue_html_as_text() -> None:
     assert "<!--" not in table and "<b>" not in table, table
     assert "| `+` | model `n` | added (&lt;b&gt;chat&lt;/b&gt;, 1 replica) |" in table, table
     assert '"&lt;!-- hidden", "a&amp;b"' in table, table
+
+
+def test_an_empty_new_plan_is_an_error_not_a_teardown(tmp_path) -> None:
+    from tests.conftest import run_llmgw
+
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    result = run_llmgw("diff", "/dev/null", empty, "--detailed-exitcode")
+    assert result.code == 1, result
+    assert "to remove" not in result.stdout and "not valid JSON" in result.stderr, result

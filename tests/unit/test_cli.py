@@ -203,3 +203,11 @@ def test_github_format_escapes_what_would_break_a_workflow_command():
            color=False)
     assert out.getvalue() == (
         "::error file=catalog/a%2Cb%3Ac.yaml,line=3,col=4,title=yaml::100%25 wrong%0Asecond line\n")
+
+
+def test_a_fleet_address_that_is_not_an_address_exits_2(llmgw, tmp_path):
+    write_catalog(tmp_path, {"x.yaml": model_yaml()},
+                  "nodes:\n  - {name: n1, address: 'not an address!', memory_gb: 8}\n")
+    run = llmgw("lint", cwd=tmp_path)
+    assert run.code == 2, run
+    assert "'not an address!' is not a host name or IP address" in run.stderr
