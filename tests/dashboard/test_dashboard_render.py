@@ -135,8 +135,9 @@ def test_refusal_banner_gives_the_reason_when_the_last_reload_was_refused() -> N
     assert reason in banner.text
 
 
-def test_health_counts_per_model_and_per_profile_and_unchecked_is_not_healthy() -> None:
-    # ENDPOINTS[3] is missing from the map: this worker has not checked it yet.
+def test_health_counts_per_model_and_per_profile_and_a_replica_missing_from_the_map_is_not_counted() -> None:
+    # ENDPOINTS[3] is missing from the health map (the gateway lists every replica; a map
+    # without one must not count it as up).
     healthy = {ENDPOINTS[2]: True, ENDPOINTS[4]: False}
     groups = model_groups(page(snapshot(healthy=healthy)))
     qwen = groups["qwen2.5-32b-long"]
