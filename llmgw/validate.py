@@ -118,6 +118,11 @@ def _explain(doc: Document, error: ValidationError) -> list[Finding]:
         hint = f"; did you mean '{guess[0]}'?" if guess else "."
         return [doc.finding("error", "schema", path,
                             f"{field} is {error.instance!r}, which is not one of: {options}{hint}")]
+    if error.validator == "type" and not path and error.instance is None:
+        required = ", ".join(error.schema.get("required", []))
+        return [doc.finding("error", "schema", path,
+                            f"the file is empty; write the fields it needs ({required}), or delete "
+                            "the file.")]
     if error.validator == "type":
         want = error.validator_value
         wants = want if isinstance(want, list) else [want]

@@ -165,3 +165,9 @@ def test_a_missing_required_key_stops_the_checks_of_that_file_only(tmp_path):
                             "b.yaml": model_yaml("b", source="hf://o/r/x.pt")})
     assert [f.rule for f in result.findings if f.file.endswith("a.yaml")] == ["schema"]
     assert [f.rule for f in result.findings if f.file.endswith("b.yaml")] == ["unreadable-format"]
+
+
+def test_an_empty_file_says_what_to_write(tmp_path):
+    [finding] = run(tmp_path, {"a.yaml": ""}).findings
+    assert finding.message == ("the file is empty; write the fields it needs (name, source, "
+                               "context_length, profiles), or delete the file.")
