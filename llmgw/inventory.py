@@ -184,6 +184,10 @@ def parse_ports(text: str) -> tuple[int, int]:
 _PLAIN = re.compile(r"[A-Za-z0-9._/-]+")
 
 
+def _quoted(text: str) -> str:
+    return text if _PLAIN.fullmatch(text) else DoubleQuotedScalarString(text)
+
+
 def entry_yaml(entry: dict[str, Any]) -> str:
     """The entry as a `nodes:` list item, indented to paste under `nodes:` in fleet.yaml."""
     yaml = YAML()
@@ -192,7 +196,6 @@ def entry_yaml(entry: dict[str, Any]) -> str:
     out = StringIO()
     # ruamel writes `zone: rack:3` plain inside { }, which YAML parsers (ruamel's own
     # included) refuse: quote every label value that is not a plain word.
-    labels = {k: v if _PLAIN.fullmatch(v) else DoubleQuotedScalarString(v)
-              for k, v in entry.get("labels", {}).items()}
+    labels = {_quoted(k): _quoted(v) for k, v in entry.get("labels", {}).items()}
     yaml.dump([{**entry, "labels": labels} if "labels" in entry else entry], out)
     return "".join(f"  {line}\n" if line else "\n" for line in out.getvalue().splitlines())

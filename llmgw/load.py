@@ -123,8 +123,9 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
         return None, [_yaml_finding(display, exc, text)]
     except YAMLError as exc:  # unmarked: rare, but never a traceback
         return None, [Finding(display, 1, 1, "yaml", "error", f"not valid YAML: {exc}.")]
-    except (ValueError, TypeError, OverflowError):
-        # A scalar YAML types but Python cannot build: `._` as a float, 2001-02-30.
+    except (ValueError, TypeError, OverflowError, KeyError, IndexError):
+        # A scalar YAML types but Python cannot build: `._` as a float, 2001-02-30,
+        # `!!bool x` (KeyError), `!!int ""` (IndexError).
         return None, [_unbuildable_value(display, text)]
     except RecursionError:
         return None, [Finding(display, 1, 1, "yaml", "error",
@@ -133,7 +134,7 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
     doc = Document(display, text, data)
     if _shares_a_container(data):
         return doc, [
-            Finding(display, *_first_alias(text), "yaml", "error",
+            Finding(display, *_reused_anchor(text), "yaml", "error",
                     "anchors and aliases (&name / *name) are not allowed in catalogue files, "
                     "so a file cannot expand into something huge; write the value out in full.")
         ]
@@ -190,7 +191,7 @@ def _unbuildable_value(display: str, text: str) -> Finding:
             elif isinstance(node, ScalarNode) and not str(node.tag).endswith(":str"):
                 try:
                     yaml.constructor.construct_object(node, deep=True)
-                except (ValueError, TypeError, OverflowError) as exc:
+                except (ValueError, TypeError, OverflowError, KeyError, IndexError) as exc:
                     tag = str(node.tag).rsplit(":", 1)[-1]
                     kind = _KINDS.get(tag, f"a {tag}")
                     return Finding(
@@ -260,11 +261,21 @@ def _shares_a_container(data: Any) -> bool:
     return False
 
 
-def _first_alias(text: str) -> tuple[int, int]:
-    for n, line in enumerate(text.splitlines(), 1):
-        stripped = line.split("#", 1)[0]
-        for marker in ("*", "&"):
-            col = stripped.find(marker)
-            if col >= 0:
-                return n, col + 1
+def _reused_anchor(text: str) -> tuple[int, int]:
+    """Where the first list or mapping used twice was anchored (the composer hands an
+    alias the very node its anchor made)."""
+    try:
+        stack: list[Node] = [_fast_yaml().compose(text)]
+    except (YAMLError, RecursionError):
+        return 1, 1
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, (MappingNode, SequenceNode)):
+            continue
+        if id(node) in seen:
+            return node.start_mark.line + 1, node.start_mark.column + 1
+        seen.add(id(node))
+        children = [n for pair in node.value for n in pair] if isinstance(node, MappingNode) else node.value
+        stack.extend(reversed(children))
     return 1, 1

@@ -141,8 +141,8 @@ def _keep_previous(
     state = states.get(node_name)
     if state is None or not state.node.matches(want.profile.node_selector):
         return None
-    if state.node.reports(want.profile.engine) is False and chooser.engine_may_run(want.profile):
-        return None  # its node no longer has the engine, and another may: move it there
+    if state.node.reports(want.profile.engine) is False and chooser.room_with_engine(want):
+        return None  # its node no longer has the engine, and one that may has room: move it
     ports = state.node.ports
     if not (ports.first <= port <= ports.last) or port in state.ports:
         return None
@@ -174,6 +174,11 @@ class _Chooser:
                 tiers[0 if reports else 1 if reports is None else 2].append(s)
             self.groups[key] = tiers
         return key, self.groups[key]
+
+    def room_with_engine(self, want: _Want) -> bool:
+        """True when a node that reports the engine, or reports nothing, can take `want`."""
+        _, tiers = self._tiers(want.profile)
+        return any(s.fits(want.need_gb, want.gpus) for s in (*tiers[0], *tiers[1]))
 
     def engine_may_run(self, profile: Profile) -> bool:
         """True when a node for this profile reports its engine, or reports nothing."""

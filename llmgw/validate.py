@@ -67,7 +67,7 @@ def _drop(data: dict[str, Any], error: ValidationError) -> bool:
     """Take out what `error` is about, found by its path; False when nothing may go."""
     if error.validator == "required":
         return False  # a required key that was dropped, or never there
-    path = list(error.absolute_path)
+    path: list[str | int] = list(error.absolute_path)
     if error.validator == "additionalProperties":
         target = _at(data, path)
         if not isinstance(target, dict):
@@ -79,13 +79,22 @@ def _drop(data: dict[str, Any], error: ValidationError) -> bool:
     # Only whole keys go: dropping a list item would shift the positions of the rest.
     while path and isinstance(path[-1], int):
         path.pop()
-    if not path:
+    if not path or path[-1] not in _MAY_SET_ASIDE:
         return False
     parent = _at(data, path[:-1])
     if not isinstance(parent, dict):
         return False
     parent.pop(path[-1], None)
     return True
+
+
+# Keys whose absence changes nothing the other rules judge, or only makes them say less.
+# Without `endpoints` a remote profile would be checked as a placed one, and without
+# `node_selector` a profile would match every node: rules would invent findings.
+_MAY_SET_ASIDE = frozenset({
+    "description", "aliases", "weights_bytes", "architecture", "max_output", "args",
+    "ctx_size", "min_memory_gb", "weight", "priority",
+})
 
 
 def _at(data: Any, path: list[str | int]) -> Any:

@@ -131,3 +131,10 @@ def test_labels_with_colons_and_commas_paste_into_a_fleet_llmgw_reads(
     assert run.code == 0, run
     node = YAML(typ="safe").load(fleet.read_text())["nodes"][0]
     assert node["labels"] == {"zone": "rack:3", "note": "a, b", "pool": "gpu"}
+
+
+def test_label_keys_with_colons_are_quoted_too(meminfo: Path, tmp_path: Path) -> None:
+    inv = take_inventory(name="n", address="127.0.0.9", meminfo=meminfo, path=str(tmp_path),
+                         labels=parse_labels(("rack:1=x",)))
+    node = YAML(typ="safe").load("nodes:\n" + entry_yaml(inv.entry))["nodes"][0]
+    assert node["labels"] == {"rack:1": "x"}

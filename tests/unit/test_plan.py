@@ -204,3 +204,17 @@ def test_plan_records_every_file_it_was_made_from(tmp_path):
     assert [f["path"].rsplit("/", 1)[-1] for f in files] == ["a.yaml", "b.yaml"]
     assert all(len(f["sha256"]) == 64 for f in files)
     assert plan["inputs"]["fleet"]["path"].endswith("fleet.yaml")
+
+
+def test_previous_replica_on_a_node_lacking_the_engine_stays_when_the_others_are_full(tmp_path):
+    fleet = ("nodes:\n  - {name: able, address: 127.0.0.11, memory_gb: 8, engines: [llamacpp]}\n"
+             "  - {name: d, address: 127.0.0.12, memory_gb: 64, engines: [vllm]}\n"
+             "  - {name: e, address: 127.0.0.13, memory_gb: 64, engines: [vllm]}\n")
+    models = {"a.yaml": model_yaml(replicas=3, selector="{}")}
+    first = plan_for(tmp_path / "one", models, fleet=fleet)
+    again = plan_for(tmp_path / "two", models, fleet=fleet, previous=first)
+
+    def where(plan):
+        return [r["endpoint"] for r in plan["models"][0]["profiles"][0]["replicas"]]
+
+    assert where(again) == where(first)

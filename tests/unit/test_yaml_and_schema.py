@@ -171,3 +171,24 @@ def test_an_empty_file_says_what_to_write(tmp_path):
     [finding] = run(tmp_path, {"a.yaml": ""}).findings
     assert finding.message == ("the file is empty; write the fields it needs (name, source, "
                                "context_length, profiles), or delete the file.")
+
+
+@pytest.mark.parametrize("value", ["!!bool x", '!!int ""', '!!float ""'])
+def test_tagged_values_python_cannot_build_are_findings_too(tmp_path, value):
+    [finding] = run(tmp_path, {"a.yaml": f"name: {value}\n"}).findings
+    assert finding.rule == "yaml" and finding.line == 1
+
+
+def test_an_alias_is_found_where_its_anchor_is(tmp_path):
+    text = 'name: a\ndescription: "uses * and & in prose"\nbase: &b [1, 2]\nagain: *b\n'
+    [finding] = by_rule(run(tmp_path, {"a.yaml": text}), "yaml")
+    assert (finding.line, finding.column) == (3, 7) and "aliases" in finding.message
+
+
+def test_a_bad_optional_key_that_changes_meaning_is_not_set_aside(tmp_path):
+    # Without its endpoints the profile would be judged as placed (memory-unknown), and
+    # without its selector it would match every node: neither may be guessed away.
+    bad_endpoint = model_yaml(weights=None, profile_extra='    endpoints: ["ftp://127.0.0.1"]\n')
+    bad_selector = model_yaml("b", selector="{pool: 5}")
+    result = run(tmp_path, {"a.yaml": bad_endpoint, "b.yaml": bad_selector})
+    assert sorted(f.rule for f in result.findings) == ["schema", "schema"]
