@@ -177,6 +177,10 @@ class PlanState:
     def _keep_as_last_good(self) -> None:
         if self.refusal is not None:
             return  # serving the last good plan already
+        if _signature(self.path) != self._signature:
+            # The file changed since this worker read it: another worker may already have
+            # kept the newer plan, which this older one must not overwrite.
+            return
         tmp = self.last_good.with_name(f"{self.last_good.name}.{os.getpid()}")
         try:
             tmp.write_text(dump_plan(self.table.plan), encoding="utf-8")
