@@ -401,10 +401,9 @@ def test_a_restart_after_a_bad_plan_file_serves_the_last_good_plan(tmp_path: Pat
             stop(proc)
 
 
-def test_llmgw_serve_refuses_a_bad_plan_in_one_sentence(tmp_path: Path) -> None:
-    path = tmp_path / "plan.json"
-    path.write_text("{}")
-    done = subprocess.run(
+def _serve_to_refusal(path: Path) -> subprocess.CompletedProcess[str]:
+    """`llmgw serve` on a plan it must refuse: it exits before gunicorn starts."""
+    return subprocess.run(
         [sys.executable, "-m", "llmgw", "serve", "--plan", str(path), "--bind", f"127.0.0.1:{free_port()}"],
         env=subprocess_env(),
         cwd=ROOT,
@@ -412,6 +411,12 @@ def test_llmgw_serve_refuses_a_bad_plan_in_one_sentence(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
+
+
+def test_llmgw_serve_refuses_a_bad_plan_in_one_sentence(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text("{}")
+    done = _serve_to_refusal(path)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "llmgw plan" in done.stderr
 
@@ -419,14 +424,7 @@ def test_llmgw_serve_refuses_a_bad_plan_in_one_sentence(tmp_path: Path) -> None:
 def test_llmgw_serve_refuses_a_plan_it_cannot_route_in_one_sentence(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     write_plan(path, plan_on(UNROUTABLE[0]))
-    done = subprocess.run(
-        [sys.executable, "-m", "llmgw", "serve", "--plan", str(path), "--bind", f"127.0.0.1:{free_port()}"],
-        env=subprocess_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _serve_to_refusal(path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and UNROUTABLE[0] in done.stderr
 
