@@ -63,7 +63,14 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 def is_api_path(path: str) -> bool:
-    return path == "/v1" or path.startswith("/v1/")
+    """Whether a path is under /v1 as the router reads it: empty segments do not count.
+
+    A raw `startswith("/v1/")` let `//v1/chat/completions` (and `/%2Fv1/...`, which the
+    server decodes to the same) reach the API with no key, since falcon's router drops
+    empty segments. Matched routes are checked again by their template (`process_resource`).
+    """
+    segments = [segment for segment in path.split("/") if segment]
+    return bool(segments) and segments[0] == "v1"
 
 
 def _plausible_id(value: str) -> bool:
@@ -94,6 +101,17 @@ class Access:
         ctx.streaming = False
         ctx.api = is_api_path(req.path)
         if ctx.api and self.api_keys is not None:
+            self._check_key(req.get_header("Authorization"))
+
+    async def process_resource(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: Any, params: Any
+    ) -> None:
+        # The route that matched decides, whatever spelling of the path reached it: no
+        # request gets to a /v1 resource without the same key check as /v1 itself.
+        if req.context.api or not is_api_path(req.uri_template or ""):
+            return
+        req.context.api = True
+        if self.api_keys is not None:
             self._check_key(req.get_header("Authorization"))
 
     def _check_key(self, authorization: str | None) -> None:

@@ -88,7 +88,7 @@ def serialize_http_error(
     req: falcon.asgi.Request, resp: falcon.asgi.Response, exception: falcon.HTTPError
 ) -> None:
     status = exception.status_code
-    if status == 404 and (req.path == "/v1" or req.path.startswith("/v1/")):
+    if status == 404 and getattr(req.context, "api", False):
         message = (
             f"There is no {req.path} here; the API is GET /v1/models and POST "
             "/v1/chat/completions, /v1/completions and /v1/embeddings."

@@ -88,7 +88,7 @@ class Gateway:
         self._wait_until_serving(log)
 
     def _wait_until_serving(self, log: Path) -> None:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"the gateway exited:\n{log.read_text()}")
@@ -98,7 +98,7 @@ class Gateway:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise AssertionError(f"the gateway did not serve / within 20 s:\n{log.read_text()}")
+        raise AssertionError(f"the gateway did not serve / within 60 s:\n{log.read_text()}")
 
     def close(self) -> None:
         self.proc.terminate()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 import threading
@@ -239,6 +241,88 @@ def test_v1_needs_a_listed_api_key(served: tuple[Gateway, dict[str, Any]]) -> No
     assert httpx.get(gw.url + "/healthz", timeout=10).status_code == 200, "probes need no key"
 
 
+def raw_request(
+    url: str, method: str, target: str, headers: dict[str, str], body: bytes = b""
+) -> tuple[int, str]:
+    """One HTTP/1.1 request with the target sent byte for byte, as `curl --path-as-is` does:
+    clients normalise `//v1` and `%2F`, attackers do not."""
+    host, port = url.removeprefix("http://").split(":")
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    if body:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), head.decode("latin-1") + "\n\n" + rest.decode("utf-8", "replace")
+
+
+# Every spelling of a /v1 path that once reached the API without a key (security issue, high).
+ODD_SPELLINGS = [
+    ("POST", "//v1/chat/completions", "chat"),
+    ("POST", "///v1/embeddings", "embed"),
+    ("GET", "/%2Fv1/models", None),
+    ("POST", "/%2fv1/chat/completions", "chat"),
+    ("GET", "http://h//v1/models", None),
+]
+
+
+@pytest.mark.parametrize(("method", "target", "model_name"), ODD_SPELLINGS)
+def test_no_spelling_of_a_v1_path_skips_the_key_check(
+    served: tuple[Gateway, dict[str, Any]], method: str, target: str, model_name: str | None
+) -> None:
+    gw, doc = served
+    body = b""
+    if model_name == "chat":
+        body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    elif model_name == "embed":
+        body = json.dumps({"model": "embed", "input": "hi"}).encode()
+    status, text = raw_request(gw.url, method, target, {}, body)
+    assert status == 401, f"{method} {target} without a key was answered:\n{text}"
+    assert '"authentication_error"' in text
+    assert DIGEST_HEADER.lower() in text.lower(), "a refused API request still names the plan it met"
+    status, text = raw_request(gw.url, method, target, {"Authorization": "Bearer sk-wrong"}, body)
+    assert status == 401, f"{method} {target} with a wrong key was answered:\n{text}"
+    status, text = raw_request(gw.url, method, target, auth(), body)
+    assert status == 200, f"{method} {target} with the key: {text}"
+    assert f"{DIGEST_HEADER.lower()}: {doc['digest']}" in text.lower()
+
+
+def test_odd_spellings_are_counted_in_the_request_metrics(served: tuple[Gateway, dict[str, Any]]) -> None:
+    gw, _ = served
+
+    def refused_count() -> float:
+        text = httpx.get(gw.url + "/metrics", timeout=10).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("llmgw_requests_total{") and 'status="401"' in line
+        )
+
+    # Two workers answer in turn, so send enough that both have counted some.
+    before = refused_count()
+    for _ in range(6):
+        assert raw_request(gw.url, "GET", "//v1/models", {})[0] == 401
+    wait_until(lambda: refused_count() >= before + 6, 10, what="the refused requests in /metrics")
+
+
+@pytest.mark.parametrize("target", ["//admin/plan", "/%2Fadmin/plan", "http://h//admin/plan"])
+def test_no_spelling_of_the_admin_path_skips_the_admin_token(
+    served: tuple[Gateway, dict[str, Any]], target: str
+) -> None:
+    gw, doc = served
+    for headers in ({}, auth(), {"Authorization": "Bearer wrong"}):
+        status, text = raw_request(gw.url, "GET", target, headers)
+        assert status == 401, f"GET {target} with {headers} was answered:\n{text}"
+        status, text = raw_request(gw.url, "POST", target, headers, json.dumps(doc).encode())
+        assert status == 401, f"POST {target} with {headers} was answered:\n{text}"
+    status, text = raw_request(gw.url, "GET", target, {"Authorization": f"Bearer {ADMIN}"})
+    assert status == 200, text
+
+
 def test_the_bearer_scheme_is_case_insensitive(served: tuple[Gateway, dict[str, Any]]) -> None:
     gw, _ = served
     for scheme in ("bearer", "BEARER"):
@@ -352,9 +436,7 @@ def _llmgw_serve(path: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 def _ready(url: str) -> dict[str, Any]:
-    answer = wait_until(
-        lambda: httpx.get(url + "/readyz", timeout=2), 30, "llmgw serve to come up"
-    )
+    answer = wait_until(lambda: httpx.get(url + "/readyz", timeout=2), 30, "llmgw serve to come up")
     return dict(answer.json())
 
 
