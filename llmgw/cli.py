@@ -301,3 +301,88 @@ def deploy_command(plan_path: Path, gateway_url: str) -> None:
 
     digest = deploy(plan_path, gateway_url)
     click.echo(f"{gateway_url} now serves {digest}.")
+
+
+# Running the plan: the node agent, and `up` for a whole fleet on this one machine.
+
+
+@main.group("node", invoke_without_command=True)
+@click.option("--node", "node_name", metavar="NAME", help="This machine's node name in the plan.")
+@click.option("--plan", "plan_path", type=click.Path(path_type=Path), help="Plan file to follow.")
+@click.option("--gateway", "gateway_url", metavar="URL", help="Follow the plan this gateway serves.")
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path(".llmgw-node"),
+    show_default=True,
+    help="Engine records, logs and downloaded weights.",
+)
+@click.option("--status-bind", default="127.0.0.1:9100", show_default=True, metavar="HOST:PORT")
+@click.option("--grace", type=float, default=30.0, show_default=True, help="Seconds from SIGTERM to SIGKILL.")
+@click.pass_context
+def node_command(
+    ctx: click.Context,
+    node_name: str | None,
+    plan_path: Path | None,
+    gateway_url: str | None,
+    state_dir: Path,
+    status_bind: str,
+    grace: float,
+) -> None:
+    """Run and supervise the engines the plan places on this node, until stopped.
+
+    Ctrl-C or SIGTERM stops every engine it started; an agent killed and started again
+    takes back the engines still running instead of starting them twice.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from llmgw.node.agent import FilePlan, GatewayPlan, Settings
+    from llmgw.node.run import run_node
+
+    if not node_name:
+        raise click.UsageError("--node NAME is required: the name this machine has in the plan.")
+    if (plan_path is None) == (gateway_url is None):
+        raise click.UsageError("give exactly one of --plan PATH or --gateway URL.")
+    source = (
+        FilePlan(plan_path)
+        if plan_path is not None
+        else GatewayPlan(str(gateway_url), os.environ.get("LLMGW_ADMIN_TOKEN"))
+    )
+    run_node(Settings(node_name, state_dir, grace_s=grace), source, status_bind)
+
+
+@node_command.command("status")
+@click.option("--agent", "agent_url", default="http://127.0.0.1:9100", show_default=True, metavar="URL")
+def node_status_command(agent_url: str) -> None:
+    """Print a running agent's replicas as a table."""
+    import httpx
+
+    url = agent_url.rstrip("/") + "/status"
+    try:
+        doc = httpx.get(url, timeout=10, trust_env=False).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise UsageError(f"no agent answers at {url} ({exc}); start one with `llmgw node`.") from None
+    click.echo(f"node {doc['node']}, plan {doc['plan_digest']}")
+    rows = [("MODEL", "PROFILE", "ENDPOINT", "STATE", "PID", "RESTARTS", "MESSAGE")]
+    for r in doc["replicas"]:
+        rows.append((r["model"], r["profile"], r["endpoint"], r["state"], str(r["pid"] or "-"),
+                     str(r["restarts"]), r["message"] or ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+
+
+@main.command("up")
+@click.argument("catalog", type=click.Path(path_type=Path), default=Path("examples/local"), required=False)
+@click.option("--bind", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT", help="The gateway.")
+@click.option("--status-bind", default="127.0.0.1:9100", show_default=True, metavar="HOST:PORT")
+@click.option(
+    "--state-dir", type=click.Path(path_type=Path), default=Path(".llmgw-up"), show_default=True,
+    help="The plan, fleet, engine logs and records.",
+)
+def up_command(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> None:
+    """Run CATALOG on this machine alone: plan it onto a one-node fleet, start the engines and the
+    gateway, and stop them all on Ctrl-C."""
+    from llmgw.up import up
+
+    sys.exit(up(catalog, bind, status_bind, state_dir))

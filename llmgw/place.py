@@ -25,6 +25,9 @@ ReplicaKey = tuple[str, str, int]  # model, profile, index
 class Slot:
     node: Node
     port: int
+    # Which of the node's GPUs the replica owns: the node agent sets CUDA_VISIBLE_DEVICES
+    # from them, so two replicas on one node never load onto the same card.
+    gpu_ids: tuple[int, ...] = ()
 
     @property
     def endpoint(self) -> str:
@@ -35,11 +38,15 @@ class Slot:
 class _NodeState:
     node: Node
     free_gb: float
-    free_gpus: int
+    free_gpu_ids: list[int]
     next_port: int
     ports: set[int] = field(default_factory=set)
     models: set[str] = field(default_factory=set)
     replicas: int = 0
+
+    @property
+    def free_gpus(self) -> int:
+        return len(self.free_gpu_ids)
 
     def fits(self, need_gb: float, gpus: int) -> bool:
         if self.next_port > self.node.ports.last:
@@ -48,9 +55,17 @@ class _NodeState:
             return self.free_gpus >= gpus and self.node.gpu_memory_gb * gpus >= need_gb
         return self.free_gb >= need_gb
 
-    def take(self, model: str, need_gb: float, gpus: int, port: int | None = None) -> int:
+    def take(
+        self, model: str, need_gb: float, gpus: int, port: int | None = None,
+        gpu_ids: tuple[int, ...] = (),
+    ) -> Slot:
+        """Claim room for one replica; the previous plan's port and GPUs when still free,
+        else the lowest free ones, so the same catalogue always gets the same plan."""
+        taken: tuple[int, ...] = ()
         if gpus:
-            self.free_gpus -= gpus
+            keep = len(gpu_ids) == gpus and all(g in self.free_gpu_ids for g in gpu_ids)
+            taken = tuple(sorted(gpu_ids)) if keep else tuple(self.free_gpu_ids[:gpus])
+            self.free_gpu_ids = [g for g in self.free_gpu_ids if g not in taken]
         else:
             self.free_gb -= need_gb
         if port is None:
@@ -60,7 +75,7 @@ class _NodeState:
             self.next_port += 1
         self.models.add(model)
         self.replicas += 1
-        return port
+        return Slot(self.node, port, taken)
 
 
 @dataclass
@@ -87,7 +102,9 @@ class _Want:
 
 
 def place(entries: list[Entry], fleet: Fleet, previous: dict[str, Any] | None = None) -> Placement:
-    states = {n.name: _NodeState(n, n.memory_gb, n.gpu_count, n.ports.first) for n in fleet.nodes}
+    states = {
+        n.name: _NodeState(n, n.memory_gb, list(range(n.gpu_count)), n.ports.first) for n in fleet.nodes
+    }
     wants = _wants(entries)
     got: dict[ReplicaKey, Slot] = {}
     before = _previous_slots(previous)
@@ -118,26 +135,31 @@ def _wants(entries: list[Entry]) -> list[_Want]:
     return wants
 
 
-def _previous_slots(previous: dict[str, Any] | None) -> dict[ReplicaKey, tuple[str, int]]:
+_Previous = tuple[str, int, tuple[int, ...]]  # node, port, GPU ids
+
+
+def _previous_slots(previous: dict[str, Any] | None) -> dict[ReplicaKey, _Previous]:
     if not previous:
         return {}
-    out: dict[ReplicaKey, tuple[str, int]] = {}
+    out: dict[ReplicaKey, _Previous] = {}
     for model in previous.get("models", []):
         for profile in model.get("profiles", []):
             for i, replica in enumerate(profile.get("replicas", [])):
                 if "node" in replica and "port" in replica:
-                    out[(model["name"], profile["name"], i)] = (replica["node"], replica["port"])
+                    out[(model["name"], profile["name"], i)] = (
+                        replica["node"], replica["port"], tuple(replica.get("gpu_ids", ())),
+                    )
     return out
 
 
 def _keep_previous(
-    want: _Want, states: dict[str, _NodeState], before: dict[ReplicaKey, tuple[str, int]],
+    want: _Want, states: dict[str, _NodeState], before: dict[ReplicaKey, _Previous],
     chooser: _Chooser,
 ) -> Slot | None:
     was = before.get(want.key)
     if was is None:
         return None
-    node_name, port = was
+    node_name, port, gpu_ids = was
     state = states.get(node_name)
     if state is None or not state.node.matches(want.profile.node_selector):
         return None
@@ -148,7 +170,7 @@ def _keep_previous(
         return None
     if not state.fits(want.need_gb, want.gpus):
         return None
-    return Slot(state.node, state.take(want.entry.spec.name, want.need_gb, want.gpus, port))
+    return state.take(want.entry.spec.name, want.need_gb, want.gpus, port, gpu_ids)
 
 
 class _Chooser:
@@ -209,7 +231,7 @@ class _Chooser:
             s = tier[i]
             if (same or model not in s.models) and s.fits(want.need_gb, want.gpus):
                 self.cursors[key] = i + 1
-                return Slot(s.node, s.take(model, want.need_gb, want.gpus))
+                return s.take(model, want.need_gb, want.gpus)
         return None
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from llmgw import __version__
 from llmgw.errors import PlanError
@@ -18,6 +20,7 @@ from llmgw.schema import validator
 if TYPE_CHECKING:  # the gateway imports this module, and must not pull in the compiler
     from llmgw.lint import LintResult
     from llmgw.model import Node
+    from llmgw.place import Slot
     from llmgw.rules import Entry
 
 FORMAT_VERSION = "1"
@@ -124,10 +127,14 @@ def _profile(entry: Entry, profile: Any, result: LintResult) -> dict[str, Any]:
     if profile.external:
         out["replicas"] = [{"endpoint": e.rstrip("/")} for e in profile.endpoints]
     else:
-        out["replicas"] = [
-            {"endpoint": s.endpoint, "node": s.node.name, "port": s.port}
-            for s in result.placement.replicas(spec.name, profile.name)
-        ]
+        out["replicas"] = [_replica(s) for s in result.placement.replicas(spec.name, profile.name)]
+    return out
+
+
+def _replica(slot: Slot) -> dict[str, Any]:
+    out: dict[str, Any] = {"endpoint": slot.endpoint, "node": slot.node.name, "port": slot.port}
+    if slot.gpu_ids:  # absent for a CPU replica, so CPU-only plans read as they always did
+        out["gpu_ids"] = list(slot.gpu_ids)
     return out
 
 
@@ -174,3 +181,132 @@ def read_plan(path: Path | str) -> dict[str, Any]:
     except OSError as exc:
         raise PlanError(f"cannot read plan {path}: {exc.strerror or exc}.") from None
     return parse_plan(text, where=str(path))
+
+
+# The plan as typed objects, for every reader that is not the compiler. The JSON Schema stays
+# the published contract (editors and other tools read it); a test keeps the two in step, field
+# for field. Numbers are `int | float` so that a plan read and written back keeps its bytes.
+Number = int | float
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FileRef(_Part):
+    path: str
+    sha256: str
+
+
+class GeneratedBy(_Part):
+    tool: Literal["llmgw"]
+    version: str
+
+
+class Inputs(_Part):
+    catalog: str
+    fleet: FileRef
+    files: tuple[FileRef, ...]
+    previous: str | None = None
+
+
+class PortRange(_Part):
+    first: int
+    last: int
+
+
+class NodeUse(_Part):
+    memory_gb: Number
+    gpus: int
+    replicas: int
+
+
+class PlanNode(_Part):
+    name: str
+    address: str
+    memory_gb: Number
+    gpus: int
+    gpu_memory_gb: Number
+    labels: dict[str, str]
+    engines: tuple[str, ...] | None = None  # None: the node reports nothing, which is not "none"
+    ports: PortRange
+    used: NodeUse
+
+
+class Memory(_Part):
+    gb: Number
+    source: Literal["declared", "estimated"]
+    basis: str
+
+
+class PlanReplica(_Part):
+    endpoint: str
+    node: str | None = None  # None: an external endpoint, routed to but not run by llmgw
+    port: int | None = None
+    gpu_ids: tuple[int, ...] = ()
+
+
+class PlanProfile(_Part):
+    name: str
+    engine: Literal["llamacpp", "vllm"]
+    priority: int
+    weight: int
+    ctx_size: int
+    args: tuple[str, ...]
+    gpus: int
+    node_selector: dict[str, str]
+    memory: Memory | None = None
+    served_name: str
+    external: bool
+    replicas: tuple[PlanReplica, ...]
+
+
+class PlanWarning(_Part):
+    rule: str
+    message: str
+
+
+class PlanModel(_Part):
+    name: str
+    description: str | None = None  # None: undescribed, and the JSON has no key at all
+    aliases: tuple[str, ...]
+    task: Literal["chat", "completion", "embedding"]
+    source: str
+    format: Literal["gguf", "safetensors", "bin", "repository", "unknown"]
+    weights_bytes: int | None = None
+    context_length: int
+    max_output: int | None = None
+    replicas: int
+    file: str
+    profiles: tuple[PlanProfile, ...]
+    warnings: tuple[PlanWarning, ...]
+
+
+class Plan(_Part):
+    format_version: Literal["1"]
+    digest: str
+    generated_by: GeneratedBy
+    inputs: Inputs
+    nodes: tuple[PlanNode, ...]
+    models: tuple[PlanModel, ...]
+    _doc: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> Plan:
+        """The typed view of a checked plan document (see `check_plan`)."""
+        plan = cls.model_validate(doc)
+        plan._doc = doc
+        return plan
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        """The document as written, for writing it on unchanged (its bytes and digest)."""
+        return self._doc
+
+    def node(self, name: str) -> PlanNode | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+
+def load_plan(path: Path | str) -> Plan:
+    """Read, check and type a plan file; PlanError says what is wrong with it."""
+    return Plan.of(read_plan(path))

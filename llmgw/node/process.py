@@ -1,0 +1,177 @@
+"""Engine processes: started in a session of their own, recorded in the state dir, adopted again.
+
+An engine outlives a killed agent on purpose: a restarted agent finds it through its record
+(pid, the kernel's start time of that pid, the command line) and takes it back instead of
+starting a second copy on the same port or dropping the requests it is serving. All three
+must match /proc, so a recycled pid is never mistaken for our engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Record:
+    key: str
+    pid: int
+    start_time: int  # /proc/PID/stat field 22, in clock ticks since boot
+    argv: tuple[str, ...]
+    fingerprint: str  # what the plan asked for; a different one means replace
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may hold spaces; the fields after it are fixed.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def start_time(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def is_running(pid: int, started: int | None = None) -> bool:
+    """The pid is alive, not a zombie, and (when given) the same process that was started."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return started is None or int(fields[19]) == started
+
+
+def cmdline(pid: int) -> tuple[str, ...]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ()
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0")[:-1])
+
+
+class EngineProcess:
+    """One engine: a child of this agent, or one adopted from a record."""
+
+    def __init__(self, pid: int, started: int | None, popen: subprocess.Popen[bytes] | None = None) -> None:
+        self.pid = pid
+        self.started = started
+        self.popen = popen
+        self.exit_code: int | None = None
+
+    @classmethod
+    def spawn(cls, argv: tuple[str, ...], env: dict[str, str], log: Path) -> EngineProcess:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            # O_APPEND, so the agent can cap the file by truncating it while the engine writes.
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                # A session of its own: Ctrl-C at the agent's terminal does not reach the
+                # engine (the agent stops it in order), and a killed agent leaves it serving.
+                start_new_session=True,
+            )
+        return cls(popen.pid, start_time(popen.pid), popen)
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            code = self.popen.poll()
+            if code is not None:
+                self.exit_code = code
+                return False
+            return True
+        return is_running(self.pid, self.started)
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            # The engine leads its own process group: its children (vLLM's workers) go too.
+            os.killpg(self.pid, sig)
+
+    def wait_gone(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                return True
+            time.sleep(0.05)
+        return not self.alive()
+
+
+def record_path(state_dir: Path, key: str) -> Path:
+    return state_dir / "replicas" / f"{_safe(key)}.json"
+
+
+def log_path(state_dir: Path, key: str) -> Path:
+    return state_dir / "logs" / f"{_safe(key)}.log"
+
+
+def _safe(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in key)
+
+
+def save_record(state_dir: Path, record: Record) -> None:
+    path = record_path(state_dir, record.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(record)))
+    os.replace(tmp, path)
+
+
+def drop_record(state_dir: Path, key: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        record_path(state_dir, key).unlink()
+
+
+def load_records(state_dir: Path) -> dict[str, Record]:
+    """Records whose process still runs as it was started; the others are deleted."""
+    out: dict[str, Record] = {}
+    for path in sorted((state_dir / "replicas").glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+            record = Record(doc["key"], doc["pid"], doc["start_time"], tuple(doc["argv"]), doc["fingerprint"])
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        if is_running(record.pid, record.start_time) and cmdline(record.pid) == record.argv:
+            out[record.key] = record
+        else:
+            path.unlink(missing_ok=True)
+    return out
+
+
+def cap_log(log: Path, limit: int) -> None:
+    """Keep the log under `limit` bytes: the full file moves to .1 and the log starts again.
+
+    Copy then truncate, because the engine holds the file open and cannot be told to reopen
+    it; the engine writes with O_APPEND, so its next line lands at the new start.
+    """
+    try:
+        if log.stat().st_size <= limit:
+            return
+        old = log.with_name(log.name + ".1")
+        with log.open("rb") as src, old.open("wb") as dst:
+            while block := src.read(1 << 20):
+                dst.write(block)
+        os.truncate(log, 0)
+    except OSError:
+        return
+
+
+def log_tail(log: Path, lines: int = 5) -> str:
+    try:
+        with log.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
+

@@ -1,0 +1,126 @@
+"""`llmgw up`: a whole fleet on this one machine, from a catalogue to a served answer.
+
+    this machine ──inventory──► fleet.yaml (one node, 127.0.0.1)
+    CATALOG + fleet ──lint, plan──► plan.json ──► llmgw node  (engines)
+                                             └──► llmgw serve (gateway)
+
+The agent and the gateway run as the same commands an operator runs on a real fleet, in
+sessions of their own, so Ctrl-C here stops them in order: the gateway, then the agent,
+which stops every engine. Nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from llmgw.errors import PlanError, UsageError
+from llmgw.inventory import entry_yaml, take_inventory
+from llmgw.lint import lint
+from llmgw.node.agent import executable_for
+from llmgw.plan import build_plan, dump_plan, read_plan
+from llmgw.report import REPORTERS
+
+NODE = "local"
+PORTS = (8001, 8099)
+
+
+def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fleet_path = state_dir / "fleet.yaml"
+    fleet_path.write_text("nodes:\n" + _indent(entry_yaml(_this_machine())), encoding="utf-8")
+    plan_path = state_dir / "plan.json"
+    # The last plan `up` wrote keeps each replica on its port across restarts.
+    previous = None
+    if plan_path.exists():
+        try:
+            previous = read_plan(plan_path)
+        except PlanError:
+            previous = None
+    result = lint(catalog, fleet_path, previous=previous)
+    errors, _ = result.counts()
+    if result.findings:
+        REPORTERS["text"](result.findings, sys.stderr, color=False)
+    if errors:
+        click.echo(f"llmgw up: {catalog} cannot run on this machine as it is; nothing started.", err=True)
+        return 1
+    plan = build_plan(result, previous=previous)
+    if not any(r.get("node") == NODE for m in plan["models"] for p in m["profiles"] for r in p["replicas"]):
+        raise UsageError(f"{catalog} has no model this machine can run; nothing started.")
+    tmp = plan_path.with_suffix(".tmp")
+    tmp.write_text(dump_plan(plan), encoding="utf-8")
+    os.replace(tmp, plan_path)
+    return _run(plan, plan_path, bind, status_bind, state_dir)
+
+
+def _this_machine() -> dict[str, object]:
+    entry = take_inventory(name=NODE, address="127.0.0.1", ports=PORTS).entry
+    # What the agent will run, not only what is on PATH: the `local` extra's llama-server
+    # lives in the package, not on PATH.
+    entry["engines"] = sorted(e for e in ("llamacpp", "vllm") if executable_for(e)[0])
+    return entry
+
+
+def _indent(text: str) -> str:
+    return "".join(f"  {line}" if line.strip() else line for line in text.splitlines(keepends=True))
+
+
+def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, state_dir: Path) -> int:
+    me = [sys.executable, "-m", "llmgw"]
+    agent_cmd = [*me, "node", "--node", NODE, "--plan", str(plan_path), "--state-dir", str(state_dir / "node"),
+                 "--status-bind", status_bind]
+    gateway_cmd = [*me, "serve", "--plan", str(plan_path), "--bind", bind]
+    stopping = False
+
+    def stop_soon(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop_soon)
+    signal.signal(signal.SIGTERM, stop_soon)
+    agent = subprocess.Popen(agent_cmd, start_new_session=True)
+    gateway = subprocess.Popen(gateway_cmd, start_new_session=True)
+    models = plan["models"]
+    assert isinstance(models, list)
+    names = ", ".join(m["name"] for m in models)
+    click.echo(
+        f"\nllmgw up: serving {names}\n"
+        f"  API        http://{bind}/v1   (OpenAI-compatible; e.g. base_url=\"http://{bind}/v1\")\n"
+        f"  dashboard  http://{bind}/\n"
+        f"  engines    http://{status_bind}/status   (`llmgw node status --agent http://{status_bind}`)\n"
+        "A model answers 503 until its engine has loaded. Ctrl-C stops everything.\n",
+        err=True,
+    )
+    code = 0
+    try:
+        while not stopping:
+            for name, proc in (("the gateway", gateway), ("the node agent", agent)):
+                if proc.poll() is not None:
+                    click.echo(f"llmgw up: {name} exited ({proc.returncode}); stopping the rest.", err=True)
+                    code = proc.returncode or 1
+                    stopping = True
+            time.sleep(0.2)
+    finally:
+        for proc in (gateway, agent):  # the gateway first: no request meets a stopped engine
+            _stop(proc)
+    click.echo("llmgw up: stopped the gateway, the agent and every engine.", err=True)
+    return code
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(90)  # the agent gives each engine its grace period, all at once
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
