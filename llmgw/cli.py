@@ -369,7 +369,7 @@ def node_status_command(agent_url: str) -> None:
                      str(r["restarts"]), r["message"] or ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
 
 
 @main.command("up")

@@ -44,13 +44,39 @@ def engine_command(
         raise ValueError(f"replica {replica.endpoint} of {model.name} has no port: it is not placed")
     exe = executable or DEFAULT_EXECUTABLES[profile.engine]
     if profile.engine == "llamacpp":
-        argv = [exe, "--model", weights, "--host", host, "--port", str(port),
-                "--ctx-size", str(profile.ctx_size), "--alias", profile.served_name]
-        if model.task == "embedding" and "--embeddings" not in profile.args and "--embedding" not in profile.args:
+        argv = [
+            exe,
+            "--model",
+            weights,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--ctx-size",
+            str(profile.ctx_size),
+            "--alias",
+            profile.served_name,
+        ]
+        if (
+            model.task == "embedding"
+            and "--embeddings" not in profile.args
+            and "--embedding" not in profile.args
+        ):
             argv.append("--embeddings")
         return EngineCommand((*argv, *profile.args))
-    argv = [exe, "serve", weights, "--host", host, "--port", str(port),
-            "--max-model-len", str(model.context_length), "--served-model-name", profile.served_name]
+    argv = [
+        exe,
+        "serve",
+        weights,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(model.context_length),
+        "--served-model-name",
+        profile.served_name,
+    ]
     # Set even when empty: an engine given no GPUs must not grab every card on the node.
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in replica.gpu_ids)}
     return EngineCommand((*argv, *profile.args), env)

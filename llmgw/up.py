@@ -73,8 +73,18 @@ def _indent(text: str) -> str:
 
 def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, state_dir: Path) -> int:
     me = [sys.executable, "-m", "llmgw"]
-    agent_cmd = [*me, "node", "--node", NODE, "--plan", str(plan_path), "--state-dir", str(state_dir / "node"),
-                 "--status-bind", status_bind]
+    agent_cmd = [
+        *me,
+        "node",
+        "--node",
+        NODE,
+        "--plan",
+        str(plan_path),
+        "--state-dir",
+        str(state_dir / "node"),
+        "--status-bind",
+        status_bind,
+    ]
     gateway_cmd = [*me, "serve", "--plan", str(plan_path), "--bind", bind]
     stopping = False
 
@@ -91,7 +101,7 @@ def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, 
     names = ", ".join(m["name"] for m in models)
     click.echo(
         f"\nllmgw up: serving {names}\n"
-        f"  API        http://{bind}/v1   (OpenAI-compatible; e.g. base_url=\"http://{bind}/v1\")\n"
+        f'  API        http://{bind}/v1   (OpenAI-compatible; e.g. base_url="http://{bind}/v1")\n'
         f"  dashboard  http://{bind}/\n"
         f"  engines    http://{status_bind}/status   (`llmgw node status --agent http://{status_bind}`)\n"
         "A model answers 503 until its engine has loaded. Ctrl-C stops everything.\n",
@@ -122,5 +132,3 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-

@@ -86,7 +86,9 @@ class Want:
     def fingerprint(self) -> str:
         """What decides whether a running engine still matches the plan: its command line as
         the plan gives it (the source, not the downloaded path) and the expected weights."""
-        command = engine_command(self.model, self.profile, self.replica, weights=self.model.source, host=self.host)
+        command = engine_command(
+            self.model, self.profile, self.replica, weights=self.model.source, host=self.host
+        )
         text = json.dumps([command.argv, command.env, self.model.weights_bytes])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -119,7 +121,10 @@ def executable_for(engine: str) -> tuple[str | None, str]:
         configured = os.environ.get("LLMGW_LLAMA_SERVER")
         if configured:
             found = shutil.which(configured)
-            return found, f"LLMGW_LLAMA_SERVER={configured} is not an executable file; point it at llama-server."
+            return (
+                found,
+                f"LLMGW_LLAMA_SERVER={configured} is not an executable file; point it at llama-server.",
+            )
         found = shutil.which("llama-server")
         if found:
             return found, ""
@@ -179,13 +184,22 @@ class Runner:
         self.task: asyncio.Task[None] | None = None
 
     def start(self, adopted: Record | None) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run(adopted), name=f"replica {self.want.key}")
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(adopted), name=f"replica {self.want.key}"
+        )
 
     def _set(self, state: str, message: str = "") -> None:
         if state != self.state or message != self.message:
             self.since = time.time()
             level = logging.WARNING if state in ("failed", "backoff") else logging.INFO
-            log.log(level, "%s %s %s%s", self.want.key, self.want.replica.endpoint, state, f": {message}" if message else "")
+            log.log(
+                level,
+                "%s %s %s%s",
+                self.want.key,
+                self.want.replica.endpoint,
+                state,
+                f": {message}" if message else "",
+            )
         self.state, self.message = state, message
 
     async def _run(self, adopted: Record | None) -> None:
@@ -326,7 +340,9 @@ class Runner:
             "endpoint": want.replica.endpoint,
             "port": want.port,
             "state": self.state,
-            "pid": self.process.pid if self.process is not None and self.state not in ("backoff", "failed") else None,
+            "pid": self.process.pid
+            if self.process is not None and self.state not in ("backoff", "failed")
+            else None,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
@@ -355,9 +371,14 @@ class Agent:
         """Make the running replicas the plan's: start the new, stop the gone, replace the changed."""
         wants = wants_for(plan, self.settings.node)
         if plan.node(self.settings.node) is None:
-            log.error("%s", missing_node_message(plan, self.settings.node, f"plan {plan.digest}") + " Stopping every replica.")
+            log.error(
+                "%s",
+                missing_node_message(plan, self.settings.node, f"plan {plan.digest}")
+                + " Stopping every replica.",
+            )
         gone = [
-            runner for key, runner in self.runners.items()
+            runner
+            for key, runner in self.runners.items()
             if key not in wants or wants[key].fingerprint != runner.want.fingerprint
         ]
         for runner in gone:
@@ -464,7 +485,9 @@ class GatewayPlan:
                 "to the gateway's admin token in the agent's environment."
             )
         if answer.status_code != 200:
-            raise PlanError(f"the gateway answered GET {self.url} with {answer.status_code}: {answer.text[:200]}")
+            raise PlanError(
+                f"the gateway answered GET {self.url} with {answer.status_code}: {answer.text[:200]}"
+            )
         return Plan.of(parse_plan(answer.content, where=f"the plan from {self.url}"))
 
     def first(self) -> Plan:

@@ -174,4 +174,3 @@ def log_tail(log: Path, lines: int = 5) -> str:
     except OSError:
         return ""
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
-

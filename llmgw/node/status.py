@@ -14,7 +14,17 @@ from prometheus_client.registry import Collector
 
 from llmgw.node.agent import Agent
 
-STATES = ("pending", "downloading", "starting", "loading", "ready", "backoff", "failed", "stopping", "stopped")
+STATES = (
+    "pending",
+    "downloading",
+    "starting",
+    "loading",
+    "ready",
+    "backoff",
+    "failed",
+    "stopping",
+    "stopped",
+)
 
 
 class _AgentCollector(Collector):
@@ -25,7 +35,9 @@ class _AgentCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         labels = ["model", "profile", "endpoint", "state"]
-        state = GaugeMetricFamily("llmgw_node_replica_state", "1 for the state each replica is in.", labels=labels)
+        state = GaugeMetricFamily(
+            "llmgw_node_replica_state", "1 for the state each replica is in.", labels=labels
+        )
         restarts = CounterMetricFamily(
             "llmgw_node_replica_restarts", "Engine restarts after an exit or failure.", labels=labels[:3]
         )
@@ -38,7 +50,8 @@ class _AgentCollector(Collector):
         yield state
         yield restarts
         yield CounterMetricFamily(
-            "llmgw_node_download_bytes", "Weight bytes downloaded by this agent.",
+            "llmgw_node_download_bytes",
+            "Weight bytes downloaded by this agent.",
             value=self.agent.counters.download_bytes,
         )
 

@@ -35,7 +35,7 @@ def weights_for(model: PlanModel, cache: Path, progress: Progress | None = None)
     """What the engine is handed: a file on this node, or a repository id for vLLM."""
     source = model.source
     if source.startswith("hf://"):
-        parts = [p for p in source[len("hf://"):].split("/") if p]
+        parts = [p for p in source[len("hf://") :].split("/") if p]
         if len(parts) <= 2:
             return "/".join(parts)  # a repository id: vLLM downloads it itself
         return _from_hub("/".join(parts[:2]), "/".join(parts[2:]), progress)
@@ -76,7 +76,9 @@ def _refusal(status: int | None, what: str, detail: str) -> str:
             "terms on the hub, then set HF_TOKEN to a token that may read it, in the agent's environment."
         )
     if status == 404:
-        return f"{what} does not exist ({status}): check the repository and the file name in the model's source."
+        return (
+            f"{what} does not exist ({status}): check the repository and the file name in the model's source."
+        )
     return f"downloading {what} failed: {detail}"
 
 
@@ -97,9 +99,10 @@ def _from_url(url: str, cache: Path, expected: int | None, progress: Progress | 
             break
         except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
             if attempt == 2:
+                kept = partial.stat().st_size if partial.exists() else 0
                 raise WeightsError(
-                    f"downloading {url} broke off ({exc}); {partial.stat().st_size if partial.exists() else 0} "
-                    "bytes are kept and the next try resumes from there."
+                    f"downloading {url} broke off ({exc}); {kept} bytes are kept and the next try "
+                    "resumes from there."
                 ) from None
     size = partial.stat().st_size
     if expected is not None and size != expected:
@@ -120,7 +123,9 @@ def _download(url: str, partial: Path, headers: dict[str, str], progress: Progre
     have = partial.stat().st_size if partial.exists() else 0
     if have:
         headers = {**headers, "Range": f"bytes={have}-"}
-    with httpx.stream("GET", url, headers=headers, follow_redirects=True, timeout=30, trust_env=True) as answer:
+    with httpx.stream(
+        "GET", url, headers=headers, follow_redirects=True, timeout=30, trust_env=True
+    ) as answer:
         if answer.status_code == 416 and have:  # the part already holds the whole file
             return
         if answer.status_code >= 400:
