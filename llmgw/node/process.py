@@ -140,11 +140,19 @@ def load_records(state_dir: Path) -> dict[str, Record]:
         except (OSError, ValueError, KeyError, TypeError):
             path.unlink(missing_ok=True)
             continue
-        if is_running(record.pid, record.start_time) and cmdline(record.pid) == record.argv:
+        if is_running(record.pid, record.start_time) and _runs(cmdline(record.pid), record.argv):
             out[record.key] = record
         else:
             path.unlink(missing_ok=True)
     return out
+
+
+def _runs(running: tuple[str, ...], argv: tuple[str, ...]) -> bool:
+    """The process runs this command line. Its arguments must match; the program may read
+    differently, since a wrapper script that execs the engine (`#!/bin/sh` … exec) shows
+    the interpreter's name in /proc where the agent recorded the script's."""
+    args = argv[1:]
+    return len(running) >= len(argv) and running[len(running) - len(args):] == args
 
 
 def cap_log(log: Path, limit: int) -> None:

@@ -24,7 +24,6 @@ from llmgw.errors import LlmgwError
 from llmgw.plan import PlanModel
 
 Progress = Callable[[int], None]  # called with each block's size in bytes
-CHUNK = 1 << 20
 
 
 class WeightsError(LlmgwError):
@@ -132,7 +131,7 @@ def _download(url: str, partial: Path, headers: dict[str, str], progress: Progre
             raise WeightsError(_refusal(answer.status_code, url, f"HTTP {answer.status_code}"))
         mode = "ab" if have and answer.status_code == 206 else "wb"  # 200: the server ignored Range
         with partial.open(mode) as out:
-            for block in answer.iter_bytes(CHUNK):
+            for block in answer.iter_bytes():  # as it arrives: a cut keeps every byte
                 out.write(block)
                 if progress:
                     progress(len(block))

@@ -65,7 +65,8 @@ def test_the_bundled_plan_read_as_objects_loses_nothing(llmgw, tmp_path):
     plan = load_plan(out)
     doc = json.loads(out.read_text())
     assert plan.model_dump(mode="json", exclude_unset=True) == doc
-    assert json.dumps(plan.model_dump(mode="json", exclude_unset=True)) == json.dumps(doc), "numbers keep their type"
+    written = json.dumps(plan.model_dump(mode="json", exclude_unset=True))
+    assert written == json.dumps(doc), "numbers keep their type: 64 stays 64, 64.0 stays 64.0"
     undescribed = next(m for m in plan.models if m.name == "mistral-7b-instruct")
     assert undescribed.description is None
 
