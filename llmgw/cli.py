@@ -180,7 +180,7 @@ def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> Non
     from llmgw.report.diff_formats import DIFF_REPORTERS
 
     try:
-        changes = diff_plans(read_side(old), read_plan(new))
+        changes = diff_plans(read_side(old), read_plan(new).doc)
     except LlmgwError as exc:
         if not detailed_exitcode:
             raise

@@ -330,4 +330,4 @@ def read_side(path: Path | str) -> dict[str, Any]:
         empty = p.stat().st_size == 0 or str(p) == os.devnull
     except OSError:
         empty = False  # read_plan says why the file cannot be read
-    return EMPTY_PLAN if empty else read_plan(p)
+    return EMPTY_PLAN if empty else read_plan(p).doc

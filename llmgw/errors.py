@@ -1,11 +1,19 @@
 """The one base error the CLI catches: a user's mistake that stops a command from running.
 
-    LlmgwError          -> exit 2, its message printed as it is
-      UsageError        a file or directory that is missing or unreadable
-        FleetError      a fleet inventory that is missing or wrong, with its findings
-      PlanError         a plan that cannot be read or does not validate
+    LlmgwError              -> exit 2, its message printed as it is
+      UsageError            a file, directory or setting that is missing or wrong
+        FleetError          a fleet inventory that is missing or wrong, with its findings
+      PlanError             a plan that cannot be read or does not validate
+      PlanWriteError        the gateway accepted a plan but could not write it (gateway.reload)
+      DeployRefused         the gateway answered a deploy, and said no (gateway.deploy)
+      GiteaError            the pull-request comment could not be posted (gitea)
+        ReadOnlyFork        a fork's read-only token: a warning, not a failed job
+      NodeError             the node agent cannot run as asked (node.agent)
+      WeightsError          a replica's weights cannot be had; the agent retries (node.weights)
 
-Findings (lint results) are not errors: they are collected and reported.
+Findings (lint results) are not errors: they are collected and reported. The gateway's
+answers to clients are not either: `gateway.errors.ApiError` is an HTTP response in
+OpenAI's shape, never raised to a person at a terminal.
 """
 
 from __future__ import annotations

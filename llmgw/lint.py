@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llmgw.errors import FleetError, UsageError
 from llmgw.findings import Finding, count
 from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec, Node
 from llmgw.place import Placement, place
+from llmgw.plan import Plan
 from llmgw.rules import Context, Entry, run_rules
 from llmgw.validate import check_document, schema_findings
 
@@ -42,7 +42,7 @@ class LintResult:
         return [f for f in self.findings if f.file == file and f.severity == "warning"]
 
 
-def lint(catalog: Path, fleet_path: Path, previous: dict[str, Any] | None = None) -> LintResult:
+def lint(catalog: Path, fleet_path: Path, previous: Plan | None = None) -> LintResult:
     files = catalogue_files(catalog)
     fleet, fleet_doc = read_fleet(fleet_path)
     findings: list[Finding] = []

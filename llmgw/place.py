@@ -15,6 +15,7 @@ from typing import Any
 
 from llmgw.findings import Finding
 from llmgw.model import GPU_ENGINES, Fleet, Node, Profile
+from llmgw.plan import Plan
 from llmgw.rules import Entry
 from llmgw.rules.memory import capacity_gb
 
@@ -101,7 +102,7 @@ class _Want:
         return (self.entry.spec.name, self.profile.name, self.index)
 
 
-def place(entries: list[Entry], fleet: Fleet, previous: dict[str, Any] | None = None) -> Placement:
+def place(entries: list[Entry], fleet: Fleet, previous: Plan | None = None) -> Placement:
     states = {
         n.name: _NodeState(n, n.memory_gb, list(range(n.gpu_count)), n.ports.first) for n in fleet.nodes
     }
@@ -138,17 +139,15 @@ def _wants(entries: list[Entry]) -> list[_Want]:
 _Previous = tuple[str, int, tuple[int, ...]]  # node, port, GPU ids
 
 
-def _previous_slots(previous: dict[str, Any] | None) -> dict[ReplicaKey, _Previous]:
-    if not previous:
+def _previous_slots(previous: Plan | None) -> dict[ReplicaKey, _Previous]:
+    if previous is None:
         return {}
     out: dict[ReplicaKey, _Previous] = {}
-    for model in previous.get("models", []):
-        for profile in model.get("profiles", []):
-            for i, replica in enumerate(profile.get("replicas", [])):
-                if "node" in replica and "port" in replica:
-                    out[(model["name"], profile["name"], i)] = (
-                        replica["node"], replica["port"], tuple(replica.get("gpu_ids", ())),
-                    )
+    for model in previous.models:
+        for profile in model.profiles:
+            for i, replica in enumerate(profile.replicas):
+                if replica.node is not None and replica.port is not None:
+                    out[(model.name, profile.name, i)] = (replica.node, replica.port, replica.gpu_ids)
     return out
 
 

@@ -36,7 +36,7 @@ def plan_digest(plan: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
 
 
-def build_plan(result: LintResult, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_plan(result: LintResult, previous: Plan | None = None) -> dict[str, Any]:
     """The resolved plan of a lint run without errors: deterministic, every default filled in."""
     plan: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -50,14 +50,14 @@ def build_plan(result: LintResult, previous: dict[str, Any] | None = None) -> di
     return plan
 
 
-def _inputs(result: LintResult, previous: dict[str, Any] | None) -> dict[str, Any]:
+def _inputs(result: LintResult, previous: Plan | None) -> dict[str, Any]:
     inputs: dict[str, Any] = {
         "catalog": result.catalog,
         "fleet": _file_ref(result.fleet_doc.file, result.fleet_doc.text),
         "files": [_file_ref(d.file, d.text) for d in result.documents],
     }
     if previous is not None:
-        inputs["previous"] = previous["digest"]
+        inputs["previous"] = previous.digest
     return inputs
 
 
@@ -166,16 +166,17 @@ def check_plan(doc: Any, where: str = "the plan") -> dict[str, Any]:
     return doc
 
 
-def parse_plan(text: str | bytes, where: str = "the plan") -> dict[str, Any]:
+def parse_plan(text: str | bytes, where: str = "the plan") -> Plan:
+    """Check and type a plan's text; PlanError says what is wrong with it."""
     try:
         doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PlanError(f"{where} is not valid JSON ({exc}); write it with `llmgw plan`.") from None
-    return check_plan(doc, where)
+    return Plan.of(check_plan(doc, where))
 
 
-def read_plan(path: Path | str) -> dict[str, Any]:
-    """Read and check a plan file; PlanError says what is wrong with it."""
+def read_plan(path: Path | str) -> Plan:
+    """Read, check and type a plan file; PlanError says what is wrong with it."""
     try:
         text = Path(path).read_bytes()
     except OSError as exc:
@@ -306,7 +307,3 @@ class Plan(_Part):
     def node(self, name: str) -> PlanNode | None:
         return next((n for n in self.nodes if n.name == name), None)
 
-
-def load_plan(path: Path | str) -> Plan:
-    """Read, check and type a plan file; PlanError says what is wrong with it."""
-    return Plan.of(read_plan(path))

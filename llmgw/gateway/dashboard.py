@@ -28,6 +28,8 @@ import falcon
 import falcon.asgi
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from llmgw.plan import Plan, PlanModel
+
 __all__ = ["DashboardSnapshot", "add_dashboard_routes", "render_page", "status_document"]
 
 _HERE = Path(__file__).parent
@@ -53,7 +55,7 @@ _CSP = (
 class DashboardSnapshot:
     """What the gateway knows right now, as one worker sees it."""
 
-    plan: dict[str, Any]
+    plan: Plan
     loaded_at: float
     refusal: str | None
     healthy: Mapping[str, bool]
@@ -90,31 +92,29 @@ class PlanView:
     models: tuple[ModelView, ...]
 
 
-def plan_view(plan: Mapping[str, Any]) -> PlanView:
-    models = tuple(_model_view(m) for m in plan.get("models", ()))
-    return PlanView(digest=str(plan.get("digest", "")), models=models)
+def plan_view(plan: Plan) -> PlanView:
+    return PlanView(digest=plan.digest, models=tuple(_model_view(m) for m in plan.models))
 
 
-def _model_view(model: Mapping[str, Any]) -> ModelView:
+def _model_view(model: PlanModel) -> ModelView:
     profiles = tuple(
         ProfileView(
-            name=p["name"],
-            engine=p["engine"],
-            external=bool(p.get("external", False)),
-            endpoints=tuple(r["endpoint"] for r in p.get("replicas", ())),
+            name=p.name,
+            engine=p.engine,
+            external=p.external,
+            endpoints=tuple(r.endpoint for r in p.replicas),
         )
-        for p in model.get("profiles", ())
+        for p in model.profiles
     )
-    # The schema forbids an empty description, but a blank one written by hand
-    # would otherwise read as "described with nothing"; treat it as absent.
-    description = (model.get("description") or "").strip() or None
     return ModelView(
-        name=model["name"],
-        aliases=tuple(model.get("aliases", ())),
-        task=model["task"],
-        context_length=int(model["context_length"]),
-        description=description,
-        file=str(model.get("file", "")),
+        name=model.name,
+        aliases=model.aliases,
+        task=model.task,
+        context_length=model.context_length,
+        # The schema forbids a blank description, but one in a plan written by hand would
+        # otherwise read as "described with nothing"; treat it as absent.
+        description=(model.description or "").strip() or None,
+        file=model.file,
         profiles=profiles,
     )
 
@@ -182,8 +182,8 @@ class _Views:
     def __init__(self) -> None:
         self._by_digest: dict[str, PlanView] = {}
 
-    def get(self, plan: Mapping[str, Any]) -> PlanView:
-        digest = str(plan.get("digest", ""))
+    def get(self, plan: Plan) -> PlanView:
+        digest = plan.digest
         view = self._by_digest.get(digest)
         if view is not None and digest:
             return view

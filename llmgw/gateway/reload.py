@@ -20,10 +20,10 @@ import os
 import time
 from pathlib import Path
 
-from llmgw.errors import PlanError
+from llmgw.errors import LlmgwError, PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.routing import RouteTable
-from llmgw.plan import dump_plan, parse_plan, read_plan
+from llmgw.plan import Plan, dump_plan, parse_plan, read_plan
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -42,7 +42,7 @@ def last_good_path(plan: Path) -> Path:
     return plan.with_name(f".{plan.name}.last-good")
 
 
-class PlanWriteError(Exception):
+class PlanWriteError(LlmgwError):
     """The plan was fine; the gateway's disk was not."""
 
 
@@ -153,7 +153,7 @@ class PlanState:
             self._adopt(table)
             return self.table.digest
 
-    def _table_for(self, plan: dict, created: int) -> RouteTable:
+    def _table_for(self, plan: Plan, created: int) -> RouteTable:
         return RouteTable.from_plan(plan, created=created, replicas_before=self.table.replicas)
 
     def _adopt(self, table: RouteTable) -> None:
@@ -183,7 +183,7 @@ class PlanState:
             return
         tmp = self.last_good.with_name(f"{self.last_good.name}.{os.getpid()}")
         try:
-            tmp.write_text(dump_plan(self.table.plan), encoding="utf-8")
+            tmp.write_text(dump_plan(self.table.plan.doc), encoding="utf-8")
             os.replace(tmp, self.last_good)
         except OSError as exc:
             log.warning("cannot keep a copy of the plan at %s: %s", self.last_good, exc)

@@ -88,7 +88,7 @@ class AdminPlan:
         replicas stay where they are."""
         self._authorize(req.get_header("Authorization"))
         resp.content_type = falcon.MEDIA_JSON
-        resp.text = dump_plan(self.state.table.plan)
+        resp.text = dump_plan(self.state.table.plan.doc)
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         self._authorize(req.get_header("Authorization"))

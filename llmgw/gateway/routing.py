@@ -20,6 +20,7 @@ import httpx
 
 from llmgw.errors import PlanError
 from llmgw.gateway.errors import ApiError
+from llmgw.plan import Plan, PlanModel, PlanProfile
 
 # Which endpoint a model of each task may be sent to. A chat model also completes raw
 # prompts (llama.cpp and vLLM both serve /v1/completions for it); the reverse is not
@@ -120,7 +121,7 @@ class RouteTable:
     @classmethod
     def from_plan(
         cls,
-        plan: dict[str, Any],
+        plan: Plan,
         created: int,
         replicas_before: Mapping[str, Replica] | None = None,
     ) -> RouteTable:
@@ -142,18 +143,18 @@ class RouteTable:
 
     def __init__(
         self,
-        plan: dict[str, Any],
+        plan: Plan,
         created: int,
         replicas_before: Mapping[str, Replica] | None = None,
     ) -> None:
         self.plan = plan
-        self.digest: str = plan["digest"]
+        self.digest: str = plan.digest
         self.replicas: dict[str, Replica] = {}
         self.models: dict[str, Model] = {}
         self._by_name: dict[str, Model] = {}
         before = replicas_before or {}
-        for doc in plan["models"]:
-            model = self._model(doc, created, before)
+        for planned in plan.models:
+            model = self._model(planned, created, before)
             self.models[model.name] = model
         for model in self.models.values():
             self._by_name[model.name] = model
@@ -169,38 +170,36 @@ class RouteTable:
             name: json.dumps(model.listing).encode() for name, model in self._by_name.items()
         }
 
-    def _model(self, doc: dict[str, Any], created: int, before: Mapping[str, Replica]) -> Model:
-        profiles = sorted(doc["profiles"], key=lambda p: p["priority"])  # stable: plan order
+    def _model(self, planned: PlanModel, created: int, before: Mapping[str, Replica]) -> Model:
+        profiles = sorted(planned.profiles, key=lambda p: p.priority)  # stable: plan order
         tiers: dict[int, list[Profile]] = {}
         for p in profiles:
-            replicas = tuple(self._replica(r["endpoint"], before, doc, p) for r in p["replicas"])
-            tiers.setdefault(p["priority"], []).append(
-                Profile(p["name"], p["served_name"], p["weight"], replicas)
-            )
+            replicas = tuple(self._replica(r.endpoint, before, planned, p) for r in p.replicas)
+            tiers.setdefault(p.priority, []).append(Profile(p.name, p.served_name, p.weight, replicas))
         listing: dict[str, Any] = {
-            "id": doc["name"],
+            "id": planned.name,
             "object": "model",
             "created": created,
             "owned_by": "llmgw",
         }
         # Undescribed means no key at all: clients show "" or null as an empty description.
-        if doc.get("description"):
-            listing["description"] = doc["description"]
-        listing["context_length"] = doc["context_length"]
-        if doc.get("max_output") is not None:
-            listing["max_output"] = doc["max_output"]
-        listing["aliases"] = list(doc["aliases"])
-        listing["task"] = doc["task"]
+        if planned.description:
+            listing["description"] = planned.description
+        listing["context_length"] = planned.context_length
+        if planned.max_output is not None:
+            listing["max_output"] = planned.max_output
+        listing["aliases"] = list(planned.aliases)
+        listing["task"] = planned.task
         return Model(
-            name=doc["name"],
-            task=doc["task"],
-            max_output=doc.get("max_output"),
+            name=planned.name,
+            task=planned.task,
+            max_output=planned.max_output,
             tiers=tuple(tuple(t) for t in tiers.values()),
             listing=listing,
         )
 
     def _replica(
-        self, endpoint: str, before: Mapping[str, Replica], model: dict[str, Any], profile: dict[str, Any]
+        self, endpoint: str, before: Mapping[str, Replica], model: PlanModel, profile: PlanProfile
     ) -> Replica:
         replica = self.replicas.get(endpoint) or before.get(endpoint)
         if replica is None:
@@ -208,7 +207,7 @@ class RouteTable:
                 replica = Replica(endpoint)
             except (ValueError, httpx.InvalidURL) as exc:
                 raise PlanError(
-                    f"model '{model['name']}' (profile '{profile['name']}') lists the endpoint "
+                    f"model '{model.name}' (profile '{profile.name}') lists the endpoint "
                     f"{endpoint!r}, which the gateway cannot send to: {exc}. Fix the catalogue's "
                     "endpoints or the fleet's node address, and plan again."
                 ) from None

@@ -41,7 +41,7 @@ from llmgw.node.process import (
     save_record,
 )
 from llmgw.node.weights import WeightsError, weights_for
-from llmgw.plan import Plan, PlanModel, PlanProfile, PlanReplica
+from llmgw.plan import Plan, PlanModel, PlanProfile, PlanReplica, parse_plan, read_plan
 
 log = logging.getLogger("llmgw.node")
 
@@ -441,14 +441,10 @@ class FilePlan:
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def first(self) -> Plan:
-        from llmgw.plan import load_plan
-
         self.seen = self._signature()
-        return load_plan(self.path)
+        return read_plan(self.path)
 
     async def next(self, current: Plan) -> Plan:
-        from llmgw.plan import load_plan
-
         while True:
             await asyncio.sleep(self.interval)
             signature = self._signature()
@@ -456,7 +452,7 @@ class FilePlan:
                 continue
             self.seen = signature
             try:
-                plan = await asyncio.to_thread(load_plan, self.path)
+                plan = await asyncio.to_thread(read_plan, self.path)
             except PlanError as exc:
                 log.error("refused the new plan file, still running %s: %s", current.digest, exc)
                 continue
@@ -473,8 +469,6 @@ class GatewayPlan:
         self.interval = interval
 
     def _fetch(self) -> Plan:
-        from llmgw.plan import parse_plan
-
         try:
             answer = httpx.get(self.url, headers=self.headers, timeout=30, trust_env=False)
         except httpx.HTTPError as exc:
@@ -488,7 +482,7 @@ class GatewayPlan:
             raise PlanError(
                 f"the gateway answered GET {self.url} with {answer.status_code}: {answer.text[:200]}"
             )
-        return Plan.of(parse_plan(answer.content, where=f"the plan from {self.url}"))
+        return parse_plan(answer.content, where=f"the plan from {self.url}")
 
     def first(self) -> Plan:
         return self._fetch()

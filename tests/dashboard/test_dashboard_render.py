@@ -13,6 +13,7 @@ from llmgw.gateway.dashboard import (
     relative_age,
     render_page,
 )
+from llmgw.plan import Plan
 from tests.dashboard.html_tree import Node, parse
 from tests.dashboard.plans import (
     HOSTILE_DESCRIPTION,
@@ -34,7 +35,7 @@ def snapshot(
     healthy: dict[str, bool] | None = None,
 ) -> DashboardSnapshot:
     return DashboardSnapshot(
-        plan=plan or make_plan(sample_models(ENDPOINTS)),
+        plan=Plan.of(plan or make_plan(sample_models(ENDPOINTS))),
         loaded_at=LOADED_AT,
         refusal=refusal,
         healthy=healthy if healthy is not None else {},
@@ -116,7 +117,7 @@ def test_catalogue_markup_is_shown_as_text_never_as_elements() -> None:
 def test_header_shows_digest_and_load_time_in_utc_and_relative() -> None:
     snap = snapshot()
     doc = page(snap, now=LOADED_AT + 300)
-    assert doc.by_id("digest").text == snap.plan["digest"]
+    assert doc.by_id("digest").text == snap.plan.digest
     loaded = doc.by_id("loaded-at")
     assert loaded.text == "2026-01-01T00:00:00Z" and loaded.attrs["datetime"] == loaded.text
     assert doc.by_id("age").text == "(5 min ago)"
@@ -201,7 +202,7 @@ def test_status_json_carries_health_refusal_and_digest_uncached() -> None:
     assert result.status_code == 200
     assert result.headers["cache-control"] == "no-store"
     doc = result.json
-    assert doc["digest"] == snap.plan["digest"]
+    assert doc["digest"] == snap.plan.digest
     assert doc["refusal"] == "fleet.yaml: no such file"
     assert doc["loaded_at_utc"] == "2026-01-01T00:00:00Z"
     assert doc["models"]["llama-3.1-8b"] == {

@@ -87,7 +87,8 @@ class Up:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.status_url = f"http://127.0.0.1:{free_port()}"
         self.log = root / "up.log"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMGW_HEALTH_INTERVAL": "0.5", "LLMGW_HEALTH_FAILURES": "1"}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMGW_HEALTH_INTERVAL": "0.5",
+               "LLMGW_HEALTH_FAILURES": "1"}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "llmgw", "up", str(catalog), "--bind", self.url.removeprefix("http://"),

@@ -34,6 +34,8 @@ def plan_for(tmp_path, models, fleet=None, previous=None):
     catalog, fleet_path = write_catalog(tmp_path, models, **kwargs)
     from llmgw.lint import lint
 
+    # The previous plan as every reader gets it: read back and typed.
+    previous = parse_plan(dump_plan(previous)) if previous is not None else None
     result = lint(catalog, fleet_path, previous=previous)
     assert result.counts()[0] == 0, result.findings
     return build_plan(result, previous=previous)

@@ -7,7 +7,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
-from llmgw.plan import Plan, load_plan
+from llmgw.plan import Plan, read_plan
 from llmgw.schema import validator
 from tests.unit.helpers import model_yaml
 from tests.unit.test_plan import plan_for
@@ -62,7 +62,7 @@ def test_the_typed_plan_has_every_field_of_the_schema_and_no_other():
 def test_the_bundled_plan_read_as_objects_loses_nothing(llmgw, tmp_path):
     out = tmp_path / "plan.json"
     assert llmgw("plan", "--out", out).code == 0
-    plan = load_plan(out)
+    plan = read_plan(out)
     doc = json.loads(out.read_text())
     assert plan.model_dump(mode="json", exclude_unset=True) == doc
     written = json.dumps(plan.model_dump(mode="json", exclude_unset=True))
