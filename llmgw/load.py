@@ -47,7 +47,8 @@ def _fast_yaml() -> YAML:
     if not hasattr(_local, "fast"):
         _local.fast = YAML(typ="safe", pure=False)
         _local.fast.Resolver = _Yaml12Resolver
-    return _local.fast
+    fast: YAML = _local.fast  # a thread-local attribute is Any to mypy
+    return fast
 
 
 @dataclass

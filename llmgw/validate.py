@@ -55,7 +55,7 @@ def without_mistakes(
     for _ in range(3):
         errors = errors if errors is not None else list(validator(name).iter_errors(data))
         if not errors:
-            return data
+            return data  # type: ignore[no-any-return]  # deepcopy is Any; the schema made it a dict
         for error in errors:
             if not _drop(data, error):
                 return None
@@ -170,7 +170,7 @@ def _explain(doc: Document, error: ValidationError) -> list[Finding]:
     return [doc.finding("error", "schema", path, f"{subject}: {error.message}.")]
 
 
-def _unknown_fields(doc: Document, error: ValidationError, path: tuple) -> list[Finding]:
+def _unknown_fields(doc: Document, error: ValidationError, path: tuple[str | int, ...]) -> list[Finding]:
     known = list(error.schema.get("properties", {}))
     instance = error.instance if isinstance(error.instance, dict) else {}
     out = []
@@ -213,7 +213,7 @@ def _name_rule(pattern: str) -> str:
     return f"use {letters}, digits and {extra} only, starting with a letter or digit{longest}"
 
 
-def _field_name(path: tuple) -> str:
+def _field_name(path: tuple[str | int, ...]) -> str:
     parts: list[str] = []
     for step in path:
         if isinstance(step, int):

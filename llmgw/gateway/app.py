@@ -27,7 +27,7 @@ from llmgw.gateway.upstream import FastTransport
 log = logging.getLogger("llmgw.gateway")
 
 
-class _App(falcon.asgi.App):  # type: ignore[misc]
+class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generic in request/response types
     """Falcon's app, also handing the ASGI `receive` to resources through the scope.
 
     The proxy needs it to notice a client that goes away mid-answer: falcon itself only
@@ -67,7 +67,9 @@ class Lifecycle:
         await self.client.aclose()
 
 
-def create_app(settings: Settings | None = None) -> falcon.asgi.App:
+def create_app(
+    settings: Settings | None = None,
+) -> falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]:
     settings = settings or settings_from_env()
     _log_to_stderr()
     api_keys = read_api_keys(settings.api_keys_file) if settings.api_keys_file else None
@@ -114,7 +116,7 @@ def create_app(settings: Settings | None = None) -> falcon.asgi.App:
     return app
 
 
-def _add_dashboard(app: falcon.asgi.App, state: PlanState) -> None:
+def _add_dashboard(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response], state: PlanState) -> None:
     def snapshot() -> DashboardSnapshot:
         table = state.table
         return DashboardSnapshot(

@@ -304,7 +304,7 @@ class _StaticResource:
 
 
 def add_dashboard_routes(
-    app: falcon.asgi.App, snapshot: Callable[[], DashboardSnapshot]
+    app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response], snapshot: Callable[[], DashboardSnapshot]
 ) -> None:
     """Mount the page at GET / and GET /dashboard, its status JSON and its static assets."""
     views = _Views()

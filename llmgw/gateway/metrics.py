@@ -87,7 +87,8 @@ def exposition(replicas: Collection[str]) -> tuple[bytes, str]:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=directory)
+        # prometheus_client's multiprocess module carries no annotations.
+        multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
     return generate_latest(_Served(registry, replicas)), CONTENT_TYPE_LATEST
 
 

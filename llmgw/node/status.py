@@ -75,8 +75,8 @@ class _Metrics:
         resp.data = generate_latest(self.registry)
 
 
-def create_status_app(agent: Agent) -> falcon.asgi.App:
-    app = falcon.asgi.App()
+def create_status_app(agent: Agent) -> falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]:
+    app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response] = falcon.asgi.App()
     app.add_route("/status", _Status(agent))
     app.add_route("/metrics", _Metrics(agent))
     return app
