@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 Engine = Literal["llamacpp", "vllm"]
 Task = Literal["chat", "completion", "embedding"]
+Routing = Literal["prefix", "least-loaded"]
 
 DEFAULT_PORTS = (8001, 8099)
 
@@ -43,6 +44,7 @@ class Profile(_Frozen):
     priority: int = 100
     replicas: int | None = None
     endpoints: tuple[str, ...] | None = None
+    routing: Routing | None = None
 
     @property
     def external(self) -> bool:
@@ -82,6 +84,13 @@ class ModelSpec(_Frozen):
     max_output: int | None = None
     replicas: int = 1
     profiles: tuple[Profile, ...]
+
+    def routing_for(self, profile: Profile) -> Routing:
+        """Prefix routing pays where prompts repeat (a conversation's earlier turns, a shared
+        system prompt) and the engine caches them; an embedding has nothing to reuse."""
+        if profile.routing is not None:
+            return profile.routing
+        return "least-loaded" if self.task == "embedding" else "prefix"
 
     def replicas_for(self, profile: Profile) -> int:
         return profile.replicas if profile.replicas is not None else self.replicas

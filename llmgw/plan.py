@@ -123,6 +123,7 @@ def _profile(entry: Entry, profile: Any, result: LintResult) -> dict[str, Any]:
     if memory is not None:
         out["memory"] = memory.as_dict()
     out["served_name"] = spec.name
+    out["routing"] = spec.routing_for(profile)
     out["external"] = profile.external
     if profile.external:
         out["replicas"] = [{"endpoint": e.rstrip("/")} for e in profile.endpoints]
@@ -258,6 +259,7 @@ class PlanProfile(_Part):
     node_selector: dict[str, str]
     memory: Memory | None = None
     served_name: str
+    routing: Literal["prefix", "least-loaded"] | None = None  # None: a plan from before routing
     external: bool
     replicas: tuple[PlanReplica, ...]
 

@@ -124,6 +124,12 @@ def _add_dashboard(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Respons
             loaded_at=state.loaded_at,
             refusal=state.refusal,
             healthy={endpoint: r.healthy for endpoint, r in table.replicas.items()},
+            prefix={
+                (m.name, p.name): (p.prefix.hits, p.prefix.spills)
+                for m in table.models.values()
+                for tier in m.tiers
+                for p in tier
+            },
         )
 
     add_dashboard_routes(app, snapshot)

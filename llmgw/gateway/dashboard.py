@@ -19,7 +19,7 @@ import functools
 import hashlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,8 @@ class DashboardSnapshot:
     loaded_at: float
     refusal: str | None
     healthy: Mapping[str, bool]
+    # (model, profile) -> (hits, spills) of prefix routing, as this worker counted them.
+    prefix: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class ProfileView:
     engine: str
     external: bool
     endpoints: tuple[str, ...]
+    routing: str
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ def _model_view(model: PlanModel) -> ModelView:
             engine=p.engine,
             external=p.external,
             endpoints=tuple(r.endpoint for r in p.replicas),
+            routing=p.routing or ("least-loaded" if model.task == "embedding" else "prefix"),
         )
         for p in model.profiles
     )
@@ -148,6 +152,13 @@ def context_label(tokens: int) -> str:
     return f"{tokens:,}"
 
 
+def _prefix_counts(snapshot: DashboardSnapshot, model: str, profile: ProfileView) -> dict[str, int]:
+    if profile.routing != "prefix":
+        return {}
+    hits, spills = snapshot.prefix.get((model, profile.name), (0, 0))
+    return {"prefix_hits": hits, "prefix_spills": spills}
+
+
 def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> dict[str, Any]:
     """The JSON the page polls: health per model and profile, plus the reload state."""
     models: dict[str, Any] = {}
@@ -159,6 +170,8 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
                 p.name: {
                     "healthy": healthy_count(p.endpoints, snapshot.healthy),
                     "placed": len(p.endpoints),
+                    "routing": p.routing,
+                    **_prefix_counts(snapshot, m.name, p),
                 }
                 for p in m.profiles
             },

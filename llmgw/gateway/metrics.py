@@ -76,6 +76,11 @@ PLAN_INFO = Gauge(
     ["digest"],
     multiprocess_mode="liveall",
 )
+PREFIX_ROUTES = Counter(
+    "llmgw_prefix_routes",
+    "Prefix-routed requests: hit (the prefix's own replica) or spill (it was over the load bound).",
+    ["model", "profile", "result"],
+)
 RELOADS = Counter("llmgw_plan_reloads", "Plan reloads, by result (loaded or refused).", ["result"])
 
 

@@ -36,7 +36,7 @@ from llmgw.gateway.access import Access
 from llmgw.gateway.config import Settings
 from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
-from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica
+from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, prefix_key
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -135,7 +135,8 @@ class Proxy:
         _check_max_tokens(model, request)
         watch = Disconnect(req.scope.get("llmgw.receive"))
         try:
-            answer = await self._open(model, requested, request, body, ctx, watch)
+            key = prefix_key(self.kind, request)
+            answer = await self._open(model, requested, request, body, ctx, watch, key)
         except BaseException:
             watch.stop()
             raise
@@ -158,12 +159,13 @@ class Proxy:
         body: bytes,
         ctx: Any,
         watch: Disconnect,
+        key: int | None,
     ) -> Answer:
         headers = [("content-type", "application/json"), ("x-request-id", ctx.request_id)]
         rewritten: dict[str, bytes] = {}
         tried = 0
         last = ""
-        for profile, replica in model.candidates():
+        for profile, replica in model.candidates(key):
             tried += 1
             served = profile.served_name
             if served == requested:

@@ -9,8 +9,10 @@ and in-flight counts describe the engine, not the plan that happened to list it.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import itertools
 import json
+import math
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Any
 import httpx
 
 from llmgw.errors import PlanError
+from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
 from llmgw.plan import Plan, PlanModel, PlanProfile
 
@@ -37,13 +40,55 @@ UPSTREAM_PATHS = {
 }
 
 
+# Prefix routing: a replica takes a prefix while it has fewer than this many times the
+# mean requests in flight (plus one); past that the prefix spills to its next replica, so
+# one hot system prompt cannot pile every conversation onto one engine.
+LOAD_BOUND = 1.25
+# How much of a prompt decides its replica: enough to cover a system prompt and the first
+# turn, so every later turn of a conversation, which repeats them, lands where they are cached.
+PREFIX_CHARS = 2048
+PREFIX_MESSAGES = 2
+
+
+def prefix_key(kind: str, request: Mapping[str, Any]) -> int | None:
+    """A stable 64-bit hash of the prompt's leading part; None when there is none to reuse.
+
+    Stable across workers and restarts (blake2b, not Python's salted `hash`): two workers
+    must send the same conversation to the same replica.
+    """
+    if kind == "chat":
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        text = json.dumps(messages[:PREFIX_MESSAGES], sort_keys=True, ensure_ascii=False)[:PREFIX_CHARS]
+    elif kind == "completion":
+        prompt = request.get("prompt")
+        if isinstance(prompt, list) and prompt:
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            return None
+        text = prompt[:PREFIX_CHARS]
+    else:
+        return None
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest(), "big")
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread 64-bit hash of an integer."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
 class Replica:
     """One engine endpoint, as this worker sees it."""
 
-    __slots__ = ("endpoint", "urls", "health_url", "inflight", "healthy", "failures")
+    __slots__ = ("endpoint", "urls", "health_url", "inflight", "healthy", "failures", "seed")
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
+        # Its place on the hash ring: from the endpoint alone, so every worker agrees.
+        self.seed = int.from_bytes(hashlib.blake2b(endpoint.encode(), digest_size=8).digest(), "big")
         base = endpoint.rstrip("/")
         # Plans may give the engine's root or its /v1 root; both mean the same engine.
         if base.endswith("/v1"):
@@ -60,13 +105,43 @@ class Replica:
         self.failures = 0
 
 
+@dataclass
+class PrefixCounts:
+    """Prefix-routed requests that went to their prefix's own replica, and those that spilled."""
+
+    hits: int = 0
+    spills: int = 0
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
     served_name: str
     weight: int
     replicas: tuple[Replica, ...]
+    routing: str = "least-loaded"
+    prefix: PrefixCounts = field(default_factory=PrefixCounts, compare=False)
     _turns: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
+
+    def by_prefix(self, key: int, healthy: list[Replica]) -> list[Replica]:
+        """Rendezvous (highest random weight) hashing with bounded load.
+
+        Each replica's rank for a prefix depends only on the two, so a replica joining or
+        leaving moves only the prefixes it wins or held. The best-ranked replica under the
+        load bound comes first; the others follow in rank order, as failover.
+        """
+        ranked = sorted(healthy, key=lambda r: _mix(key ^ r.seed), reverse=True)
+        bound = math.ceil(LOAD_BOUND * (sum(r.inflight for r in ranked) + 1) / len(ranked))
+        for i, replica in enumerate(ranked):
+            if replica.inflight + 1 <= bound:
+                if i:
+                    self.prefix.spills += 1
+                    metrics.PREFIX_ROUTES.labels(self.served_name, self.name, "spill").inc()
+                    return [replica, *ranked[:i], *ranked[i + 1 :]]
+                break
+        self.prefix.hits += 1
+        metrics.PREFIX_ROUTES.labels(self.served_name, self.name, "hit").inc()
+        return ranked
 
     def in_turn(self) -> tuple[Replica, ...]:
         """The replicas, starting one further along each time. "Fewest in flight" picks the
@@ -88,11 +163,16 @@ class Model:
     tiers: tuple[tuple[Profile, ...], ...]
     listing: Mapping[str, Any]
 
-    def candidates(self) -> Iterator[tuple[Profile, Replica]]:
-        """Replicas to try, best first: by tier, then weight, then fewest in flight."""
+    def candidates(self, key: int | None = None) -> Iterator[tuple[Profile, Replica]]:
+        """Replicas to try, best first: by tier, then weight, then the prefix's own replica
+        (for a prefix-routed profile and a request with a prompt), else fewest in flight."""
         for tier in self.tiers:
             for profile in tier if len(tier) == 1 else _by_weight(tier):
                 healthy = [r for r in profile.in_turn() if r.healthy]
+                if key is not None and profile.routing == "prefix" and healthy:
+                    for replica in profile.by_prefix(key, healthy):
+                        yield profile, replica
+                    continue
                 while healthy:
                     best = min(healthy, key=_inflight)
                     yield profile, best
@@ -175,7 +255,9 @@ class RouteTable:
         tiers: dict[int, list[Profile]] = {}
         for p in profiles:
             replicas = tuple(self._replica(r.endpoint, before, planned, p) for r in p.replicas)
-            tiers.setdefault(p.priority, []).append(Profile(p.name, p.served_name, p.weight, replicas))
+            routing = p.routing or ("least-loaded" if planned.task == "embedding" else "prefix")
+            profile = Profile(p.name, p.served_name, p.weight, replicas, routing)
+            tiers.setdefault(p.priority, []).append(profile)
         listing: dict[str, Any] = {
             "id": planned.name,
             "object": "model",

@@ -10,8 +10,10 @@ from llmgw.gateway.dashboard import (
     DashboardSnapshot,
     add_dashboard_routes,
     context_label,
+    plan_view,
     relative_age,
     render_page,
+    status_document,
 )
 from llmgw.plan import Plan
 from tests.dashboard.html_tree import Node, parse
@@ -62,7 +64,7 @@ def test_one_row_per_model_in_plan_order_with_the_facts_a_caller_picks_by() -> N
         "Task": "chat",
         "Context": "8K",
         "Healthy": "2/2",
-        "Engine profiles": "cpu llamacpp 2/2",
+        "Engine profiles": "cpu llamacpp 2/2 prefix (0 hits, 0 spills)",
     }
 
 
@@ -144,7 +146,10 @@ def test_health_counts_per_model_and_per_profile_and_a_replica_missing_from_the_
     qwen = groups["qwen2.5-32b-long"]
     assert qwen.find(cls="health").text == "1/2"
     profiles = [p.text for p in qwen.find_all("span", "profile")]
-    assert profiles == ["gpu vllm 1/1", "cpu llamacpp 0/1"]
+    assert profiles == [
+        "gpu vllm 1/1 prefix (0 hits, 0 spills)",
+        "cpu llamacpp 0/1 prefix (0 hits, 0 spills)",
+    ]
     assert "some" in qwen.find(cls="health").find(cls="count").classes
     assert groups["hostile"].find(cls="health").text == "0/1"
     assert "none" in groups["hostile"].find(cls="health").find(cls="count").classes
@@ -208,7 +213,9 @@ def test_status_json_carries_health_refusal_and_digest_uncached() -> None:
     assert doc["models"]["llama-3.1-8b"] == {
         "healthy": 1,
         "placed": 2,
-        "profiles": {"cpu": {"healthy": 1, "placed": 2}},
+        "profiles": {
+            "cpu": {"healthy": 1, "placed": 2, "routing": "prefix", "prefix_hits": 0, "prefix_spills": 0}
+        },
     }
     assert len(result.text) < 2000, "the status polled every few seconds should stay small"
 
@@ -238,3 +245,21 @@ def test_bundled_catalogue_renders_every_model_and_marks_the_undescribed_one() -
     undescribed = [n for n, g in groups.items() if "undescribed" in g.find(cls="desc").classes]
     assert undescribed == [m["name"] for m in plan["models"] if "description" not in m]
     assert len(undescribed) == 1
+
+
+def test_each_profile_shows_its_routing_and_prefix_hits_and_spills() -> None:
+    snap = DashboardSnapshot(
+        plan=Plan.of(make_plan(sample_models(ENDPOINTS))),
+        loaded_at=LOADED_AT,
+        refusal=None,
+        healthy={},
+        prefix={("llama-3.1-8b", "cpu"): (41, 3)},
+    )
+    groups = model_groups(page(snap))
+    chat = groups["llama-3.1-8b"].find(cls="routing")
+    assert chat.text == "prefix (41 hits, 3 spills)"
+    embed = groups["nomic-embed"].find(cls="routing")
+    assert embed.text == "least-loaded", "embeddings have no prefix to reuse"
+    status = status_document(snap, plan_view(snap.plan), LOADED_AT)
+    profile = status["models"]["llama-3.1-8b"]["profiles"]["cpu"]
+    assert (profile["routing"], profile["prefix_hits"], profile["prefix_spills"]) == ("prefix", 41, 3)

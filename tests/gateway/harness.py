@@ -91,9 +91,14 @@ def engine(name: str, host: str = "127.0.0.1", *args: str) -> Iterator[Engine]:
 
 
 def profile(
-    endpoints: list[str], served_name: str, priority: int = 100, weight: int = 1, name: str = "p"
+    endpoints: list[str],
+    served_name: str,
+    priority: int = 100,
+    weight: int = 1,
+    name: str = "p",
+    routing: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    doc = {
         "name": name,
         "engine": "llamacpp",
         "priority": priority,
@@ -106,6 +111,9 @@ def profile(
         "external": True,
         "replicas": [{"endpoint": e} for e in endpoints],
     }
+    if routing is not None:  # absent, as in plans from before routing: the task's default
+        doc["routing"] = routing
+    return doc
 
 
 def model(

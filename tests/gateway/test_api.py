@@ -64,7 +64,7 @@ def gw(
             ),
             model("nowhere", [profile([dead_endpoint("127.0.0.7")], "nowhere")]),
             model("org/model", [profile([a], "org/model")]),
-            model("spread", [profile([a, b], "spread")]),
+            model("spread", [profile([a, b], "spread", routing="least-loaded")]),
             model("loading", [profile([engine_loading.url], "loading")]),
         ]
     )
@@ -208,8 +208,8 @@ def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(gw: Gatewa
 
 
 def test_one_request_at_a_time_still_reaches_every_replica(gw: Gateway) -> None:
-    # Each worker takes its turns on its own; of six requests one worker gets at least
-    # three, and those must not all go to the first replica.
+    # Least-loaded routing: each worker takes its turns on its own; of six requests one
+    # worker gets at least three, and those must not all go to the first replica.
     seen = set()
     for _ in range(6):
         with httpx.Client(timeout=30) as fresh:

@@ -31,7 +31,11 @@
     var profiles = group.querySelectorAll("[data-profile]");
     for (var i = 0; i < profiles.length; i++) {
       var p = m.profiles[profiles[i].getAttribute("data-profile")];
-      if (p) setCount(profiles[i].querySelector(".count"), p.healthy, p.placed);
+      if (!p) continue;
+      setCount(profiles[i].querySelector(".count"), p.healthy, p.placed);
+      var hits = profiles[i].querySelector(".hits"), spills = profiles[i].querySelector(".spills");
+      if (hits && p.prefix_hits !== undefined) hits.textContent = String(p.prefix_hits);
+      if (spills && p.prefix_spills !== undefined) spills.textContent = String(p.prefix_spills);
     }
   }
 
