@@ -43,7 +43,7 @@ def chat_model(name: str, args: str = "[]", source: str = "weights.gguf", extra:
 class Fleet:
     """A catalogue folder and a one-node fleet on 127.0.0.1, planned with the real compiler."""
 
-    def __init__(self, root: Path, gpus: int = 0) -> None:
+    def __init__(self, root: Path, gpus: int = 0, others: bool = True) -> None:
         self.root = root
         self.catalog = root / "catalog"
         self.catalog.mkdir(parents=True, exist_ok=True)
@@ -56,8 +56,12 @@ class Fleet:
             f"  - name: {NODE}\n    address: 127.0.0.1\n    memory_gb: 16\n{gpu_line}"
             "    engines: [llamacpp, vllm]\n"
             f"    ports: {{first: {first}, last: {first + 40}}}\n"
-            "  - name: elsewhere\n    address: 127.0.0.2\n    memory_gb: 1\n    labels: {pool: other}\n"
         )
+        if others:  # a second node, so tests see the agent leave other nodes' replicas alone
+            self.fleet.write_text(
+                self.fleet.read_text()
+                + "  - name: elsewhere\n    address: 127.0.0.2\n    memory_gb: 1\n    labels: {pool: other}\n"
+            )
         self.plan_path = root / "plan.json"
 
     def plan(self, models: dict[str, str]) -> dict[str, Any]:

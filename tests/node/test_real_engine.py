@@ -87,13 +87,31 @@ class Up:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.status_url = f"http://127.0.0.1:{free_port()}"
         self.log = root / "up.log"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMGW_HEALTH_INTERVAL": "0.5",
-               "LLMGW_HEALTH_FAILURES": "1"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "LLMGW_HEALTH_INTERVAL": "0.5",
+            "LLMGW_HEALTH_FAILURES": "1",
+        }
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llmgw", "up", str(catalog), "--bind", self.url.removeprefix("http://"),
-                 "--status-bind", self.status_url.removeprefix("http://"), "--state-dir", str(root / "up")],
-                cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "llmgw",
+                    "up",
+                    str(catalog),
+                    "--bind",
+                    self.url.removeprefix("http://"),
+                    "--status-bind",
+                    self.status_url.removeprefix("http://"),
+                    "--state-dir",
+                    str(root / "up"),
+                ],
+                cwd=root,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
 
     def replica(self) -> dict[str, Any] | None:
@@ -107,7 +125,9 @@ class Up:
     def ready_pid(self, other_than: int | None = None) -> int:
         found = wait_for(
             lambda: (r := self.replica()) and r["state"] == "ready" and r["pid"] != other_than and r,
-            120, "the engine ready", None,
+            120,
+            "the engine ready",
+            None,
         )
         return int(found["pid"])
 
@@ -133,8 +153,11 @@ def test_llmgw_up_serves_real_text_streamed_and_not_and_comes_back_after_a_crash
     assert answer.usage is not None and 0 < answer.usage.completion_tokens <= 8
 
     stream = client(up.url).chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "Count to five."}], max_tokens=12,
-        stream=True, stream_options={"include_usage": True},
+        model="default",
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
@@ -191,6 +214,53 @@ def test_a_restarted_agent_keeps_the_engine_and_a_deploy_that_drops_the_model_st
             wait_for(lambda: not alive(pid), 60, "the dropped model's engine to stop", agent)
             assert agent.status()["plan_digest"] == empty["digest"]
             assert json.loads(fleet.plan_path.read_text())["models"] == []
+    finally:
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.stop()
+
+
+SYSTEM = " ".join(
+    f"Rule {i}: answer in plain words, never in lists, and keep to the point." for i in range(30)
+)
+
+
+def test_prefix_routing_sends_a_conversations_next_turn_to_the_engine_that_cached_it(
+    tmp_path: Path, weights: Path
+) -> None:
+    fleet = Fleet(tmp_path / "fleet", others=False)
+    text = EXAMPLE.read_text().replace("source: models/gemma-3-270m-q4_k_m.gguf", f"source: {weights}")
+    doc = fleet.plan({"gemma.yaml": text.replace("replicas: 1", "replicas: 2")})
+    assert len(doc["models"][0]["profiles"][0]["replicas"]) == 2
+    (tmp_path / "bin").mkdir()
+    agent = Agent(fleet, tmp_path / "bin")
+    try:
+        agent.start()
+        wait_for(
+            lambda: [r["state"] for r in agent.status()["replicas"]] == ["ready", "ready"],
+            120,
+            "both engines ready",
+            agent,
+        )
+        with gateway(fleet.plan_path, LLMGW_HEALTH_FAILURES="1") as gw:
+            wait_for(lambda: answers(gw.url), 60, "a first answer through the gateway")
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour."}]
+            first = client(gw.url).chat.completions.create(
+                model="gemma-3-270m", messages=messages, max_tokens=4
+            )
+            reply = first.choices[0].message.content or ""
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And another?"}]
+            for _ in range(3):  # each later turn, whichever worker takes it
+                later = client(gw.url).chat.completions.create(
+                    model="gemma-3-270m", messages=messages, max_tokens=4
+                )
+                assert first.usage is not None and later.usage is not None
+                details = later.usage.prompt_tokens_details
+                cached = details.cached_tokens if details is not None else 0
+                # With least-loaded routing this fails: "reused 0 of the 631 tokens".
+                assert cached is not None and cached >= 0.8 * first.usage.prompt_tokens, (
+                    f"turn 2 reused {cached} of the {first.usage.prompt_tokens} tokens turn 1 sent: "
+                    "it went to the engine that did not have them"
+                )
     finally:
         if agent.proc is not None and agent.proc.poll() is None:
             agent.stop()
