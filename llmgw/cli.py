@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from llmgw import __version__
+from llmgw.atomic import replace_file
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.lint import LintResult, lint
 from llmgw.plan import build_plan, dump_plan, read_plan
@@ -138,18 +139,15 @@ def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: 
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    # Written then renamed over, so a gateway watching the file never reads half a plan.
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    # Renamed over a plan file, so a gateway watching it never reads half a plan; written
+    # straight into anything else (/dev/null, a FIFO), which a rename would replace.
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        replace_file(path, text.encode("utf-8"))
     except OSError as exc:
         raise UsageError(
             f"cannot write the plan to {path}: {exc.strerror or exc}; give --out a file path in "
             "a folder that exists, or - for standard output."
         ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # GitOps commands: diff, pr-comment, inventory. Imports are local so `llmgw lint` does not
