@@ -16,7 +16,7 @@ from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.lint import LintResult, lint
-from llmgw.plan import build_plan, dump_plan, read_plan
+from llmgw.plan import build_plan, dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
 
 # Exit codes shared by every command.
@@ -59,6 +59,15 @@ fleet_option = click.option(
     help="Fleet inventory the catalogue is linted and placed against.",
 )
 
+previous_option = click.option(
+    "--previous",
+    "previous_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The plan now deployed (an empty file: none): its replicas stay where they are while "
+    "they still fit, and a clash or a shortage is reported on the files changed since.",
+)
+
 
 @main.command("lint")
 @catalog_argument
@@ -71,12 +80,20 @@ fleet_option = click.option(
     show_default=True,
 )
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
-def lint_command(catalog: Path, fleet_path: Path, fmt: str, strict: bool) -> None:
-    """Check every model file against the schema and the fleet; report every finding."""
+@previous_option
+def lint_command(
+    catalog: Path, fleet_path: Path, fmt: str, strict: bool, previous_path: Path | None
+) -> None:
+    """Check every model file against the schema and the fleet; report every finding.
+
+    With --previous, a clash or a shortage is reported on the files new or edited since
+    that plan, as `llmgw plan --previous` reports it.
+    """
     reporter = REPORTERS[fmt]
     out = sys.stdout
+    previous = read_previous(previous_path) if previous_path else None
     try:
-        result = lint(catalog, fleet_path)
+        result = lint(catalog, fleet_path, previous=previous)
     except FleetError as exc:
         if fmt == "text":
             raise  # the sentence and its findings, on stderr, as for any error
@@ -114,16 +131,10 @@ def _lint_exit_code(result: LintResult, strict: bool) -> int:
     show_default=True,
     help="Where to write the plan; - for standard output.",
 )
-@click.option(
-    "--previous",
-    "previous_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="The plan now deployed: its replicas stay where they are while they still fit.",
-)
+@previous_option
 def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: Path | None) -> None:
     """Lint, then write the resolved plan (nothing is written when lint finds errors)."""
-    previous = read_plan(previous_path) if previous_path else None
+    previous = read_previous(previous_path) if previous_path else None
     result = lint(catalog, fleet_path, previous=previous)
     errors, _ = result.counts()
     if errors:

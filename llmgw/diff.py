@@ -11,13 +11,12 @@ Nothing here prints; `llmgw.report.diff_formats` turns a PlanDiff into text, mar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from llmgw.plan import read_plan
+from llmgw.plan import read_previous
 
 Action = Literal["add", "change", "remove"]
 ReplicaAction = Literal["add", "remove", "move", "change"]
@@ -325,9 +324,4 @@ def read_side(path: Path | str) -> dict[str, Any]:
     has no deployed one: both are "everything is added", not an error. The new side is
     always a plan: an empty one there means a plan step failed, not "remove everything".
     """
-    p = Path(path)
-    try:
-        empty = p.stat().st_size == 0 or str(p) == os.devnull
-    except OSError:
-        empty = False  # read_plan says why the file cannot be read
-    return EMPTY_PLAN if empty else read_plan(p)
+    return read_previous(path) or EMPTY_PLAN

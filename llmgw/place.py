@@ -101,20 +101,49 @@ class _Want:
         return (self.entry.spec.name, self.profile.name, self.index)
 
 
-def place(entries: list[Entry], fleet: Fleet, previous: dict[str, Any] | None = None) -> Placement:
+def place(
+    entries: list[Entry], fleet: Fleet, previous: dict[str, Any] | None = None,
+    changed: frozenset[str] | None = None,
+) -> Placement:
+    """`changed`: the files new or edited since `previous`. A shortage is then reported on
+    one of them when it can be, since that is the file a reviewer of the change reads."""
+    wants = _wants(entries)
+    placement = _fill(wants, fleet, previous, changed, settled_first=False)
+    if changed is None or not _short_on_settled(placement, changed):
+        return placement
+    # Largest first packs best, but here it left a model nobody touched short: give the
+    # settled models their room first and let the new ones take what is left, unless
+    # that leaves a settled model short all the same.
+    settled_first = _fill(wants, fleet, previous, changed, settled_first=True)
+    return placement if _short_on_settled(settled_first, changed) else settled_first
+
+
+def _short_on_settled(placement: Placement, changed: frozenset[str]) -> bool:
+    return any(f.rule == "placement" and f.file not in changed for f in placement.findings)
+
+
+def _fill(
+    wants: list[_Want], fleet: Fleet, previous: dict[str, Any] | None,
+    changed: frozenset[str] | None, settled_first: bool,
+) -> Placement:
     states = {
         n.name: _NodeState(n, n.memory_gb, list(range(n.gpu_count)), n.ports.first) for n in fleet.nodes
     }
-    wants = _wants(entries)
     got: dict[ReplicaKey, Slot] = {}
     before = _previous_slots(previous)
     chooser = _Chooser(list(states.values()))
-    for want in wants:
+
+    def is_new(want: _Want) -> bool:
+        return changed is not None and want.entry.doc.file in changed
+
+    # Settled models keep their place first: a model that grew in place must not push
+    # out a neighbour nobody touched.
+    for want in sorted(wants, key=is_new):
         slot = _keep_previous(want, states, before, chooser)
         if slot:
             got[want.key] = slot
     # Largest first: big replicas find room before small ones fragment the nodes.
-    for want in sorted(wants, key=lambda w: (-w.gpus, -w.need_gb, w.key)):
+    for want in sorted(wants, key=lambda w: (settled_first and is_new(w), -w.gpus, -w.need_gb, w.key)):
         if want.key in got:
             continue
         slot = chooser.choose(want)

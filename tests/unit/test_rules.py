@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from llmgw.lint import lint
+from llmgw.plan import build_plan
+from tests.conftest import SMALL_FLEET, write_catalog
 from tests.unit.helpers import by_rule, model_yaml, run
 
 NO_ENGINE_FLEET = """\
@@ -14,21 +17,69 @@ nodes:
 """
 
 
-def test_two_models_with_one_name_is_an_error_naming_both_files(tmp_path):
+def test_two_models_with_one_name_is_an_error_on_each_file_naming_the_other(tmp_path):
     result = run(tmp_path, {"a.yaml": model_yaml("same"), "b.yaml": model_yaml("same")})
-    [finding] = by_rule(result, "duplicate-name")
-    assert finding.file.endswith("b.yaml") and "a.yaml" in finding.message
-    assert finding.line == 1
+    a, b = by_rule(result, "duplicate-name")
+    assert a.file.endswith("a.yaml") and "b.yaml" in a.message
+    assert b.file.endswith("b.yaml") and "a.yaml" in b.message
+    assert a.line == b.line == 1
 
 
-def test_alias_that_is_another_models_name_collides(tmp_path):
+def test_alias_that_is_another_models_name_collides_on_both_files(tmp_path):
     result = run(tmp_path, {
         "a.yaml": model_yaml("llama"),
         "b.yaml": model_yaml("mistral", extra="aliases: [fast, llama]\n"),
     })
-    [finding] = by_rule(result, "alias-collision")
+    a, b = by_rule(result, "alias-collision")
+    assert a.file.endswith("a.yaml") and a.line == 1
+    assert "also an alias of the model in" in a.message and "b.yaml (mistral)" in a.message
+    assert b.file.endswith("b.yaml") and b.line == 6 and "a.yaml" in b.message
+
+
+def _plan_of(tmp_path, models, fleet=SMALL_FLEET):
+    """The plan of `models` as the base branch had them, for --previous; the head is then
+    written over the same folder, so the paths the plan recorded are the head's."""
+    base = run(tmp_path, models, fleet)
+    assert not base.counts()[0], base.findings
+    for written in (tmp_path / "catalog").iterdir():
+        written.unlink()
+    return build_plan(base)
+
+
+def test_with_a_previous_plan_a_clash_is_reported_on_the_new_file_only(tmp_path):
+    before = {"llama.yaml": model_yaml("llama"), "big.yaml": model_yaml("big", extra="aliases: [smart]\n")}
+    previous = _plan_of(tmp_path, before)
+    added = {**before, "00-new.yaml": model_yaml("llama", extra="aliases: [smart]\n")}
+    catalog, fleet = write_catalog(tmp_path, added)
+    findings = lint(catalog, fleet, previous=previous).findings
+    assert {(f.file.rsplit("/", 1)[-1], f.rule) for f in findings} == {
+        ("00-new.yaml", "duplicate-name"), ("00-new.yaml", "alias-collision")}, findings
+    assert all("is already" in f.message for f in findings)
+
+
+def test_with_a_previous_plan_an_edited_file_is_blamed_not_the_untouched_one(tmp_path):
+    before = {"a.yaml": model_yaml("a"), "b.yaml": model_yaml("b")}
+    previous = _plan_of(tmp_path, before)
+    catalog, fleet = write_catalog(tmp_path, {**before, "b.yaml": model_yaml("a")})
+    [finding] = by_rule(lint(catalog, fleet, previous=previous), "duplicate-name")
     assert finding.file.endswith("b.yaml") and "a.yaml" in finding.message
-    assert finding.line == 6
+
+
+def test_a_model_that_lost_its_node_keeps_room_before_one_being_added(tmp_path):
+    gpu = "memory_gb: 64, gpus: {count: 1, memory_gb: 48}, labels: {pool: gpu}"
+    two = ("nodes:\n"
+           f"  - {{name: g1, address: 127.0.0.21, {gpu}}}\n"
+           f"  - {{name: g2, address: 127.0.0.22, {gpu}}}\n")
+    vllm = {"engine": "vllm", "selector": "{pool: gpu}", "profile_extra": "    gpus: 1\n"}
+    before = {"old.yaml": model_yaml("old", source="hf://o/old", weights=10_000_000_000, **vllm)}
+    previous = _plan_of(tmp_path, before, two)
+    # g1, where `old` ran, is retired in the same pull request that adds a larger model:
+    # placed from scratch the larger one would take g2 and blame a file nobody touched.
+    one = "nodes:\n" + two.split("\n")[2] + "\n"
+    head = {**before, "new.yaml": model_yaml("new", source="hf://o/new", weights=25_000_000_000, **vllm)}
+    catalog, fleet = write_catalog(tmp_path, head, one)
+    result = lint(catalog, fleet, previous=previous)
+    assert {f.file.rsplit("/", 1)[-1] for f in by_rule(result, "placement")} == {"new.yaml"}, result.findings
 
 
 def test_one_shard_of_a_gguf_is_refused_saying_what_to_serve(tmp_path):
