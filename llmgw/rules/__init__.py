@@ -78,9 +78,9 @@ Rule = Callable[[Context], Iterable[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from llmgw.rules import fleet, limits, memory, names, sources
+    from llmgw.rules import external, fleet, limits, memory, names, sources
 
-    return [names.check, sources.check, limits.check, fleet.check, memory.check]
+    return [names.check, sources.check, limits.check, fleet.check, memory.check, external.check]
 
 
 def run_rules(ctx: Context) -> list[Finding]:

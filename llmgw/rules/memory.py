@@ -41,12 +41,7 @@ def _check_profile(
     path = entry.profile_path(profile)
     memory = entry.memory(profile)
     if memory is None:
-        yield entry.doc.finding(
-            "error", "memory-unknown", path,
-            "cannot tell how much memory a replica needs: the size of the weights is unknown. "
-            "Write weights_bytes (the size of the weights in bytes) or min_memory_gb for this "
-            "profile, so it is not placed on a node too small to hold it.",
-        )
+        yield entry.doc.finding("error", "memory-unknown", path, _unknown_message(entry))
         return
     if largest_node is None:
         return  # selector-matches-nothing says so
@@ -60,3 +55,16 @@ def _check_profile(
         f"{largest.name}, has {kind} {room:g} GB".replace("  ", " ")
         + ". Write min_memory_gb if the estimate is wrong, or add a larger node.",
     )
+
+
+def _unknown_message(entry: Entry) -> str:
+    head = "cannot tell how much memory a replica needs: "
+    if entry.source.missing:
+        # Most often a typo in the path: writing weights_bytes would silence this and leave
+        # the typo for the engine to fail on.
+        return (head + f"source {entry.source.text} is not on this machine to measure "
+                "(see source-missing). Fix the path; if the file is only on the nodes, write "
+                "weights_bytes (its size in bytes) or min_memory_gb for this profile.")
+    return (head + "the size of the weights is unknown. Write weights_bytes (the size of the "
+            "weights in bytes) or min_memory_gb for this profile, so it is not placed on a node "
+            "too small to hold it.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from llmgw.lint import lint
 from llmgw.plan import build_plan
 from tests.conftest import SMALL_FLEET, write_catalog
@@ -89,12 +91,81 @@ def test_one_shard_of_a_gguf_is_refused_saying_what_to_serve(tmp_path):
     assert finding.line == 2 and finding.severity == "error"
     assert "1 of 2" in finding.message and "exactly one source" in finding.message
     assert "single-file build" in finding.message and "hf://org/Llama-70B-GGUF" in finding.message
+    assert "hf://org/Llama-70B-GGUF for vllm" not in finding.message, "vllm reads no GGUF"
 
 
-def test_one_safetensors_shard_is_refused(tmp_path):
+def test_the_sharded_gguf_hint_followed_lints_clean(tmp_path):
+    # "a quantisation from <repo> that is one .gguf file, with engine llamacpp"
+    src = "hf://org/Llama-70B-GGUF/Llama-70B-Q4_K_M-00001-of-00002.gguf"
+    [finding] = by_rule(run(tmp_path, {"a.yaml": model_yaml(source=src)}), "sharded-source")
+    repo = _advised_repository(finding.message)
+    followed = model_yaml(source=f"{repo}/Llama-70B-Q2_K.gguf", weights=20_000_000_000)
+    assert run(tmp_path, {"a.yaml": followed}).findings == []
+
+
+def test_the_sharded_gguf_hint_for_vllm_followed_lints_clean(tmp_path):
+    # "for vllm, point source at the model's safetensors repository"
+    src = "hf://org/Llama-70B-GGUF/Llama-70B-Q4_K_M-00001-of-00002.gguf"
+    result = run(tmp_path, {"a.yaml": model_yaml(source=src, engine="vllm", selector="{pool: gpu}")})
+    [finding] = by_rule(result, "sharded-source")
+    assert "safetensors repository" in finding.message
+    followed = model_yaml(source="hf://org/Llama-70B", engine="vllm", selector="{pool: gpu}")
+    assert run(tmp_path, {"a.yaml": followed}).findings == []
+
+
+def test_one_safetensors_shard_is_refused_and_its_hint_followed_lints_clean(tmp_path):
     src = "hf://meta-llama/Llama-3.1-8B/model-00001-of-00004.safetensors"
     result = run(tmp_path, {"a.yaml": model_yaml(source=src, engine="vllm", selector="{pool: gpu}")})
-    assert by_rule(result, "sharded-source")
+    [finding] = by_rule(result, "sharded-source")
+    repo = _advised_repository(finding.message)
+    assert repo == "hf://meta-llama/Llama-3.1-8B" and "engine vllm" in finding.message
+    followed = model_yaml(source=repo, engine="vllm", selector="{pool: gpu}")
+    assert run(tmp_path, {"a.yaml": followed}).findings == []
+
+
+def test_a_gguf_repository_given_to_vllm_is_an_engine_mismatch(tmp_path):
+    src = "hf://bartowski/Llama-3.1-70B-GGUF"
+    result = run(tmp_path, {"a.yaml": model_yaml(source=src, engine="vllm", selector="{pool: gpu}")})
+    [finding] = by_rule(result, "engine-mismatch")
+    assert "is a GGUF repository" in finding.message and "vllm does not read GGUF" in finding.message
+    # Followed: engine llamacpp with one .gguf file from it.
+    followed = model_yaml(source=f"{src}/Llama-3.1-70B-Q2_K.gguf", weights=20_000_000_000)
+    assert run(tmp_path, {"a.yaml": followed}).findings == []
+
+
+def test_a_gguf_repository_given_to_llamacpp_is_not_sent_to_vllm(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml(source="hf://bartowski/Llama-3.1-8B-GGUF")})
+    [finding] = by_rule(result, "engine-mismatch")
+    assert "Name the file (hf://bartowski/Llama-3.1-8B-GGUF/<name>.gguf)" in finding.message
+    assert "vllm" not in finding.message
+
+
+def test_a_repository_given_to_llamacpp_hint_followed_lints_clean(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml(source="hf://Qwen/Qwen2.5-7B-Instruct", selector="{}")})
+    [finding] = by_rule(result, "engine-mismatch")
+    assert "or use engine vllm" in finding.message
+    followed = model_yaml(source="hf://Qwen/Qwen2.5-7B-Instruct", engine="vllm", selector="{}")
+    assert run(tmp_path, {"a.yaml": followed}).findings == []
+
+
+def test_a_local_source_that_is_not_there_is_a_warning_not_advice_to_write_its_size(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml(source="weights/tiny.ggfu.gguf", weights=None)})
+    [missing] = by_rule(result, "source-missing")
+    assert missing.severity == "warning" and missing.line == 2
+    assert "weights/tiny.ggfu.gguf" in missing.message and "does not exist on this machine" in missing.message
+    [unknown] = by_rule(result, "memory-unknown")
+    assert unknown.message.index("Fix the path") < unknown.message.index("weights_bytes")
+
+
+def test_a_local_source_that_is_not_there_with_its_size_written_is_only_a_warning(tmp_path):
+    result = run(tmp_path, {"a.yaml": model_yaml(source="/srv/models/tiny.gguf")})
+    assert [(f.rule, f.severity) for f in result.findings] == [("source-missing", "warning")]
+
+
+def _advised_repository(message: str) -> str:
+    """The repository id a hint names, placeholders (hf://org/repo) aside."""
+    [repo] = [r for r in re.findall(r"hf://[\w.-]+/[\w.-]+(?=[ )])", message) if r != "hf://org/repo"]
+    return repo
 
 
 def test_local_directory_of_several_weight_files_is_refused(tmp_path):
@@ -243,3 +314,19 @@ def test_gpu_placement_in_a_gpu_less_fleet_suggests_a_gguf_build(tmp_path):
                  fleet=NO_ENGINE_FLEET)
     [finding] = by_rule(result, "placement")
     assert "have none" in finding.message and "a GGUF build" in finding.message
+
+
+def test_placement_settings_on_a_profile_with_endpoints_are_warned_as_doing_nothing(tmp_path):
+    external = ('    endpoints: ["http://127.0.0.51:8000"]\n    gpus: 2\n    min_memory_gb: 40\n'
+                "    replicas: 3\n")
+    result = run(tmp_path, {"a.yaml": model_yaml(profile_extra=external, weights=None)})
+    ignored = by_rule(result, "ignored-setting")
+    on_profile = [f for f in ignored if f.message.startswith("profile main has endpoints")]
+    keys = sorted(f.message.split(" does nothing")[0].rsplit(" ", 1)[-1] for f in on_profile)
+    assert keys == ["gpus", "min_memory_gb", "node_selector", "replicas"], ignored
+    assert all(f.severity == "warning" for f in ignored)
+    assert any(f.line == 4 and "every profile of this model" in f.message for f in ignored), ignored
+    # Followed: remove them, and lint says nothing.
+    followed = ("name: a\nsource: hf://o/r/a.gguf\ncontext_length: 8192\nprofiles:\n"
+                '  - name: main\n    engine: llamacpp\n    endpoints: ["http://127.0.0.51:8000"]\n')
+    assert run(tmp_path, {"a.yaml": followed}).findings == []
