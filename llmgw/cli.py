@@ -16,7 +16,7 @@ from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.lint import LintResult, lint
-from llmgw.plan import build_plan, dump_plan, read_plan, read_previous
+from llmgw.plan import build_plan, dump_plan, read_previous
 from llmgw.report import REPORTERS
 
 # Exit codes shared by every command.
@@ -185,11 +185,11 @@ def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> Non
 
     An empty OLD (such as /dev/null) stands for no plan: everything is added.
     """
-    from llmgw.diff import diff_plans, read_side
+    from llmgw.diff import diff_plans, read_new_side, read_side
     from llmgw.report.diff_formats import DIFF_REPORTERS
 
     try:
-        changes = diff_plans(read_side(old), read_plan(new))
+        changes = diff_plans(read_side(old), read_new_side(new))
     except LlmgwError as exc:
         if not detailed_exitcode:
             raise

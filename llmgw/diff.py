@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from llmgw.plan import read_previous
+from llmgw.errors import PlanError
+from llmgw.plan import read_plan, read_previous
 
 Action = Literal["add", "change", "remove"]
 ReplicaAction = Literal["add", "remove", "move", "change"]
@@ -325,3 +326,13 @@ def read_side(path: Path | str) -> dict[str, Any]:
     always a plan: an empty one there means a plan step failed, not "remove everything".
     """
     return read_previous(path) or EMPTY_PLAN
+
+
+def read_new_side(path: Path | str) -> dict[str, Any]:
+    """Read the new side of a diff: always a plan, so an empty file is a failed plan step."""
+    if read_previous(path) is None:
+        raise PlanError(
+            f"the new plan {path} is empty, so a plan step failed (llmgw plan writes nothing "
+            "when lint finds errors); fix what that step reported, then diff the plan it writes."
+        )
+    return read_plan(path)

@@ -96,6 +96,16 @@ def test_plan_refuses_a_broken_previous_plan_with_a_sentence(llmgw, tmp_path):
     assert "old.json is not valid JSON" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_an_empty_previous_plan_means_none_for_plan_and_lint_as_for_diff(llmgw, tmp_path):
+    # The first deploy has no deployed plan; the workflows pass an empty file for it.
+    write_catalog(tmp_path, {"x.yaml": model_yaml()})
+    (tmp_path / "none.json").write_text("")
+    assert llmgw("plan", "--previous", "none.json", cwd=tmp_path).code == 0
+    lint = llmgw("lint", "--previous", "none.json", cwd=tmp_path)
+    assert lint.code == 0, lint
+    assert "previous" not in json.loads((tmp_path / "plan.json").read_text())["inputs"]
+
+
 def test_fleet_nodes_sharing_an_address_and_ports_exit_2(llmgw, tmp_path):
     fleet = ("nodes:\n  - {name: a, address: 127.0.0.1, memory_gb: 8}\n"
              "  - {name: b, address: 127.0.0.1, memory_gb: 8}\n")
