@@ -48,13 +48,25 @@ def _check_profile(
     largest, room = largest_node
     if memory.gb <= room:
         return
-    kind = f"{profile.gpus_needed} GPU(s) of" if profile.gpus_needed else ""
     yield entry.doc.finding(
         "warning", "memory-fit", path,
         f"a replica needs {memory.gb:g} GB ({memory.basis}) but the largest node it may run on, "
-        f"{largest.name}, has {kind} {room:g} GB".replace("  ", " ")
-        + ". Write min_memory_gb if the estimate is wrong, or add a larger node.",
+        f"{room_on(largest, profile)}. Write min_memory_gb if the estimate is wrong, or add a "
+        "larger node.",
     )
+
+
+def room_on(node: Node, profile: Profile) -> str:
+    """`cpu-2, has 32 GB`, or for GPUs how the figure is made, since "2 GPU(s) of 160 GB" once
+    read as two 160 GB cards: `gpu-2, gives it 80 GB: 1 of its 2 GPUs of 80 GB each`."""
+    if not profile.gpus_needed:
+        return f"{node.name}, has {node.memory_gb:g} GB"
+    used = min(profile.gpus_needed, node.gpu_count)
+    each = f"{node.gpu_memory_gb:g} GB each"
+    cards = f"GPU{'' if node.gpu_count == 1 else 's'}"
+    share = f"its {node.gpu_count} {cards} of {each}" if used == node.gpu_count else (
+        f"{used} of its {node.gpu_count} {cards} of {each}, as the profile asks for {used}")
+    return f"{node.name}, gives it {capacity_gb(node, profile):g} GB: {share}"
 
 
 def _unknown_message(entry: Entry) -> str:

@@ -330,3 +330,26 @@ def test_placement_settings_on_a_profile_with_endpoints_are_warned_as_doing_noth
     followed = ("name: a\nsource: hf://o/r/a.gguf\ncontext_length: 8192\nprofiles:\n"
                 '  - name: main\n    engine: llamacpp\n    endpoints: ["http://127.0.0.51:8000"]\n')
     assert run(tmp_path, {"a.yaml": followed}).findings == []
+
+
+def test_memory_fit_on_gpus_says_how_many_cards_of_what_size(tmp_path):
+    vllm = {"source": "hf://o/big", "engine": "vllm", "selector": "{pool: gpu}"}
+    one = run(tmp_path, {"a.yaml": model_yaml(weights=100_000_000_000, **vllm)})
+    [finding] = by_rule(one, "memory-fit")
+    assert "gpu-1, gives it 80 GB: 1 of its 2 GPUs of 80 GB each, as the profile asks for 1" \
+        in finding.message
+    two_gpus = "    gpus: 2\n"
+    two = run(tmp_path, {"a.yaml": model_yaml(weights=150_000_000_000, profile_extra=two_gpus, **vllm)})
+    [finding] = by_rule(two, "memory-fit")
+    assert "gpu-1, gives it 160 GB: its 2 GPUs of 80 GB each" in finding.message, finding.message
+
+
+def test_gpus_all_taken_names_the_replicas_that_hold_them(tmp_path):
+    vllm = {"engine": "vllm", "selector": "{pool: gpu}", "weights": 2_000_000}
+    result = run(tmp_path, {
+        "a.yaml": model_yaml("big", source="hf://o/big", profile_extra="    gpus: 2\n", **vllm),
+        "b.yaml": model_yaml("tiny", source="hf://o/tiny", **vllm),
+    })
+    [finding] = by_rule(result, "placement")
+    assert "too few free GPUs for one asking for 1" in finding.message, finding.message
+    assert "gpu-1 has 0 of 2 free, held by big (2 GPUs)" in finding.message, finding.message
