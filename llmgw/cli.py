@@ -13,9 +13,10 @@ from pathlib import Path
 import click
 
 from llmgw import __version__
+from llmgw.atomic import replace_file
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.lint import LintResult, lint
-from llmgw.plan import build_plan, dump_plan, read_plan
+from llmgw.plan import build_plan, dump_plan, read_previous
 from llmgw.report import REPORTERS
 
 # Exit codes shared by every command.
@@ -58,6 +59,15 @@ fleet_option = click.option(
     help="Fleet inventory the catalogue is linted and placed against.",
 )
 
+previous_option = click.option(
+    "--previous",
+    "previous_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The plan now deployed (an empty file: none): its replicas stay where they are while "
+    "they still fit, and a clash or a shortage is reported on the files changed since.",
+)
+
 
 @main.command("lint")
 @catalog_argument
@@ -70,12 +80,20 @@ fleet_option = click.option(
     show_default=True,
 )
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
-def lint_command(catalog: Path, fleet_path: Path, fmt: str, strict: bool) -> None:
-    """Check every model file against the schema and the fleet; report every finding."""
+@previous_option
+def lint_command(
+    catalog: Path, fleet_path: Path, fmt: str, strict: bool, previous_path: Path | None
+) -> None:
+    """Check every model file against the schema and the fleet; report every finding.
+
+    With --previous, a clash or a shortage is reported on the files new or edited since
+    that plan, as `llmgw plan --previous` reports it.
+    """
     reporter = REPORTERS[fmt]
     out = sys.stdout
+    previous = read_previous(previous_path) if previous_path else None
     try:
-        result = lint(catalog, fleet_path)
+        result = lint(catalog, fleet_path, previous=previous)
     except FleetError as exc:
         if fmt == "text":
             raise  # the sentence and its findings, on stderr, as for any error
@@ -113,16 +131,10 @@ def _lint_exit_code(result: LintResult, strict: bool) -> int:
     show_default=True,
     help="Where to write the plan; - for standard output.",
 )
-@click.option(
-    "--previous",
-    "previous_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="The plan now deployed: its replicas stay where they are while they still fit.",
-)
+@previous_option
 def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: Path | None) -> None:
     """Lint, then write the resolved plan (nothing is written when lint finds errors)."""
-    previous = read_plan(previous_path) if previous_path else None
+    previous = read_previous(previous_path) if previous_path else None
     result = lint(catalog, fleet_path, previous=previous)
     errors, _ = result.counts()
     if errors:
@@ -138,18 +150,15 @@ def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: 
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    # Written then renamed over, so a gateway watching the file never reads half a plan.
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    # Renamed over a plan file, so a gateway watching it never reads half a plan; written
+    # straight into anything else (/dev/null, a FIFO), which a rename would replace.
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        replace_file(path, text.encode("utf-8"))
     except OSError as exc:
         raise UsageError(
             f"cannot write the plan to {path}: {exc.strerror or exc}; give --out a file path in "
             "a folder that exists, or - for standard output."
         ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # GitOps commands: diff, pr-comment, inventory. Imports are local so `llmgw lint` does not
@@ -176,11 +185,11 @@ def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> Non
 
     An empty OLD (such as /dev/null) stands for no plan: everything is added.
     """
-    from llmgw.diff import diff_plans, read_side
+    from llmgw.diff import diff_plans, read_new_side, read_side
     from llmgw.report.diff_formats import DIFF_REPORTERS
 
     try:
-        changes = diff_plans(read_side(old), read_plan(new).doc)
+        changes = diff_plans(read_side(old), read_new_side(new))
     except LlmgwError as exc:
         if not detailed_exitcode:
             raise

@@ -11,13 +11,13 @@ Nothing here prints; `llmgw.report.diff_formats` turns a PlanDiff into text, mar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from llmgw.plan import read_plan
+from llmgw.errors import PlanError
+from llmgw.plan import read_plan, read_previous
 
 Action = Literal["add", "change", "remove"]
 ReplicaAction = Literal["add", "remove", "move", "change"]
@@ -325,9 +325,15 @@ def read_side(path: Path | str) -> dict[str, Any]:
     has no deployed one: both are "everything is added", not an error. The new side is
     always a plan: an empty one there means a plan step failed, not "remove everything".
     """
-    p = Path(path)
-    try:
-        empty = p.stat().st_size == 0 or str(p) == os.devnull
-    except OSError:
-        empty = False  # read_plan says why the file cannot be read
-    return EMPTY_PLAN if empty else read_plan(p).doc
+    previous = read_previous(path)
+    return previous.doc if previous is not None else EMPTY_PLAN
+
+
+def read_new_side(path: Path | str) -> dict[str, Any]:
+    """Read the new side of a diff: always a plan, so an empty file is a failed plan step."""
+    if read_previous(path) is None:
+        raise PlanError(
+            f"the new plan {path} is empty, so a plan step failed (llmgw plan writes nothing "
+            "when lint finds errors); fix what that step reported, then diff the plan it writes."
+        )
+    return read_plan(path).doc

@@ -17,7 +17,7 @@ from llmgw.findings import Finding, count
 from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec, Node
 from llmgw.place import Placement, place
-from llmgw.plan import Plan
+from llmgw.plan import Plan, file_sha256
 from llmgw.rules import Context, Entry, run_rules
 from llmgw.validate import check_document, schema_findings
 
@@ -69,14 +69,25 @@ def lint(catalog: Path, fleet_path: Path, previous: Plan | None = None) -> LintR
             continue  # a required key is missing or wrong: nothing sound to check further
         entries.append(Entry(doc, ModelSpec.model_validate(data), path.parent))
     entries.sort(key=lambda e: e.spec.name)
-    findings.extend(run_rules(Context(entries, fleet)))
-    # Placement needs names that resolve to one model; with duplicates it would
-    # only repeat what duplicate-name already said.
-    placement = place(entries, fleet, previous)
+    changed = changed_since(previous, documents)
+    findings.extend(run_rules(Context(entries, fleet, changed)))
+    placement = place(entries, fleet, previous, changed)
     findings.extend(placement.findings)
     findings.sort()
     return LintResult(catalog.as_posix(), fleet, fleet_doc, entries, documents, findings,
                       placement, len(files))
+
+
+def changed_since(previous: Plan | None, documents: list[Document]) -> frozenset[str] | None:
+    """The model files new or edited since `previous` was planned; None without a plan.
+
+    A clash or a shortage is reported on these, so a pull request's findings land on the
+    files it touched (the plan's inputs record each file's path and sha256).
+    """
+    if previous is None:
+        return None
+    before = {f.path: f.sha256 for f in previous.inputs.files}
+    return frozenset(d.file for d in documents if before.get(d.file) != file_sha256(d.text))
 
 
 def catalogue_files(catalog: Path) -> list[Path]:

@@ -10,6 +10,7 @@ the fleet and restart engines that were serving fine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from llmgw.findings import Finding
 from llmgw.model import GPU_ENGINES, Fleet, Node, Profile
 from llmgw.plan import Plan
 from llmgw.rules import Entry
-from llmgw.rules.memory import capacity_gb
+from llmgw.rules.memory import capacity_gb, room_on
 
 ReplicaKey = tuple[str, str, int]  # model, profile, index
 
@@ -44,6 +45,8 @@ class _NodeState:
     ports: set[int] = field(default_factory=set)
     models: set[str] = field(default_factory=set)
     replicas: int = 0
+    # Model → GPUs and GB its replicas hold here: a shortage names who holds the room.
+    holders: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def free_gpus(self) -> int:
@@ -76,7 +79,19 @@ class _NodeState:
             self.next_port += 1
         self.models.add(model)
         self.replicas += 1
+        held = self.holders.setdefault(model, [0, 0.0])
+        held[0] += len(taken)
+        held[1] += 0.0 if gpus else need_gb
         return Slot(self.node, port, taken)
+
+    def held(self, gpus: bool) -> str:
+        """Who holds this node's GPUs (or memory), largest first: `a (2 GPUs), b (1 GPU)`."""
+        index = 0 if gpus else 1
+        rows = sorted((-h[index], m) for m, h in self.holders.items() if h[index])
+        def unit(n: float) -> str:
+            return f"{n:g} GPU{'' if n == 1 else 's'}" if gpus else f"{n:g} GB"
+
+        return ", ".join(f"{m} ({unit(-n)})" for n, m in rows) or "nothing"
 
 
 @dataclass
@@ -102,20 +117,49 @@ class _Want:
         return (self.entry.spec.name, self.profile.name, self.index)
 
 
-def place(entries: list[Entry], fleet: Fleet, previous: Plan | None = None) -> Placement:
+def place(
+    entries: list[Entry], fleet: Fleet, previous: Plan | None = None,
+    changed: frozenset[str] | None = None,
+) -> Placement:
+    """`changed`: the files new or edited since `previous`. A shortage is then reported on
+    one of them when it can be, since that is the file a reviewer of the change reads."""
+    wants = _wants(entries)
+    placement = _fill(wants, fleet, previous, changed, settled_first=False)
+    if changed is None or not _short_on_settled(placement, changed):
+        return placement
+    # Largest first packs best, but here it left a model nobody touched short: give the
+    # settled models their room first and let the new ones take what is left, unless
+    # that leaves a settled model short all the same.
+    settled_first = _fill(wants, fleet, previous, changed, settled_first=True)
+    return placement if _short_on_settled(settled_first, changed) else settled_first
+
+
+def _short_on_settled(placement: Placement, changed: frozenset[str]) -> bool:
+    return any(f.rule == "placement" and f.file not in changed for f in placement.findings)
+
+
+def _fill(
+    wants: list[_Want], fleet: Fleet, previous: Plan | None,
+    changed: frozenset[str] | None, settled_first: bool,
+) -> Placement:
     states = {
         n.name: _NodeState(n, n.memory_gb, list(range(n.gpu_count)), n.ports.first) for n in fleet.nodes
     }
-    wants = _wants(entries)
     got: dict[ReplicaKey, Slot] = {}
     before = _previous_slots(previous)
     chooser = _Chooser(list(states.values()))
-    for want in wants:
+
+    def is_new(want: _Want) -> bool:
+        return changed is not None and want.entry.doc.file in changed
+
+    # Settled models keep their place first: a model that grew in place must not push
+    # out a neighbour nobody touched.
+    for want in sorted(wants, key=is_new):
         slot = _keep_previous(want, states, before, chooser)
         if slot:
             got[want.key] = slot
     # Largest first: big replicas find room before small ones fragment the nodes.
-    for want in sorted(wants, key=lambda w: (-w.gpus, -w.need_gb, w.key)):
+    for want in sorted(wants, key=lambda w: (settled_first and is_new(w), -w.gpus, -w.need_gb, w.key)):
         if want.key in got:
             continue
         slot = chooser.choose(want)
@@ -292,18 +336,31 @@ def _why_short(
     elif not any(capacity_gb(n, profile) >= want.need_gb for n in eligible):
         largest = max(eligible, key=lambda n: (capacity_gb(n, profile), n.name))
         reason = (f"a replica needs {want.need_gb:g} GB and it is too big for every eligible "
-                  f"node (the largest, {largest.name}, has {capacity_gb(largest, profile):g} GB"
-                  f"{' of GPU memory' if want.gpus else ''}). Write min_memory_gb if the "
+                  f"node (the largest, {room_on(largest, profile)}). Write min_memory_gb if the "
                   "estimate is wrong, or add a larger node.")
     else:
         fit = sorted(n.name for n in eligible if capacity_gb(n, profile) >= want.need_gb)
         if all(states[name].next_port > states[name].node.ports.last for name in fit):
-            room = "have no ports left in their port ranges; widen ports in the fleet, or add nodes."
+            room = (f"({_each(fit, str)}) have no ports left in their port ranges; widen ports in "
+                    "the fleet, or add nodes.")
+        elif want.gpus:
+            held = _each(fit, lambda n: f"{n} has {states[n].free_gpus} of {states[n].node.gpu_count} "
+                         f"free, held by {states[n].held(gpus=True)}")
+            room = (f"have too few free GPUs for one asking for {want.gpus}: {held}. Lower "
+                    "replicas, free GPUs by moving or removing a model, or add nodes.")
         else:
-            room = ("have no room left after the replicas already placed there. Lower replicas, "
-                    "or add nodes.")
-        reason = f"too few eligible nodes: the {where} that can hold one ({', '.join(fit)}) {room}"
+            held = _each(fit, lambda n: f"{n} has {states[n].free_gb:g} GB free, held by "
+                         f"{states[n].held(gpus=False)}")
+            room = (f"have too little memory left for one needing {want.need_gb:g} GB: {held}. "
+                    "Lower replicas, or add nodes.")
+        reason = f"too few eligible nodes: the {where} that can hold one {room}"
     path: tuple[str | int, ...] = entry.profile_path(profile)
     if profile.replicas is None:
         path = ("replicas",) if "replicas" in entry.doc.data else path
     return entry.doc.finding("error", "placement", path, head + reason)
+
+
+def _each(names: list[str], say: Callable[[str], str], most: int = 3) -> str:
+    """A few nodes in full; at 500 nodes the message would otherwise be the whole fleet."""
+    shown = "; ".join(say(n) for n in names[:most])
+    return shown + (f"; and {len(names) - most} more alike" if len(names) > most else "")

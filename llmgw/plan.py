@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -62,7 +64,12 @@ def _inputs(result: LintResult, previous: Plan | None) -> dict[str, Any]:
 
 
 def _file_ref(path: str, text: str) -> dict[str, str]:
-    return {"path": path, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    return {"path": path, "sha256": file_sha256(text)}
+
+
+def file_sha256(text: str) -> str:
+    """How a plan's inputs record each file, so the next run can tell what changed since."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _node(node: Node, free_gb: float, free_gpus: int, replicas: int) -> dict[str, Any]:
@@ -183,6 +190,22 @@ def read_plan(path: Path | str) -> Plan:
     except OSError as exc:
         raise PlanError(f"cannot read plan {path}: {exc.strerror or exc}.") from None
     return parse_plan(text, where=str(path))
+
+
+def read_previous(path: Path | str) -> Plan | None:
+    """Read a plan given as --previous; an empty file (such as /dev/null) stands for none.
+
+    The first deploy has no deployed plan and the first pull request no base plan: both
+    mean "nothing placed yet", the same rule as the old side of `llmgw diff`.
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+        # Not any file of size 0: a pipe (`--previous <(curl …)`) has none and holds a plan.
+        empty = (stat.S_ISREG(st.st_mode) and st.st_size == 0) or os.path.samefile(p, os.devnull)
+    except OSError:
+        empty = False  # read_plan says why the file cannot be read
+    return None if empty else read_plan(p)
 
 
 # The plan as typed objects, for every reader that is not the compiler. The JSON Schema stays

@@ -40,6 +40,19 @@ class Source:
     def several_files(self) -> bool:
         return self.shard is not None or len(self.weight_files) > 1
 
+    @property
+    def gguf_repository(self) -> bool:
+        """A repository whose name or files say GGUF holds llama.cpp's files, never vLLM's:
+        hf://bartowski/Llama-3.1-70B-GGUF handed to vLLM fails when the engine starts."""
+        if self.repository is not None and "gguf" in self.repository.lower():
+            return True
+        return any(p.suffix == ".gguf" for p in self.weight_files)
+
+    @property
+    def missing(self) -> bool:
+        """A local source that is not on this machine: a typo, or weights kept on the nodes."""
+        return self.kind == "path" and self.local is not None and not self.local.exists()
+
 
 def classify_source(text: str, base_dir: Path) -> Source:
     """Local paths are relative to the model file's own folder, like its $schema comment."""

@@ -11,7 +11,6 @@ which stops every engine. Nothing is left running.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from llmgw.atomic import replace_file
 from llmgw.errors import PlanError, UsageError
 from llmgw.inventory import entry_yaml, take_inventory
 from llmgw.lint import lint
@@ -53,9 +53,7 @@ def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
     plan = build_plan(result, previous=previous)
     if not any(r.get("node") == NODE for m in plan["models"] for p in m["profiles"] for r in p["replicas"]):
         raise UsageError(f"{catalog} has no model this machine can run; nothing started.")
-    tmp = plan_path.with_suffix(".tmp")
-    tmp.write_text(dump_plan(plan), encoding="utf-8")
-    os.replace(tmp, plan_path)
+    replace_file(plan_path, dump_plan(plan).encode("utf-8"))
     return _run(plan, plan_path, bind, status_bind, state_dir)
 
 

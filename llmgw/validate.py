@@ -111,7 +111,8 @@ def _explain(doc: Document, error: ValidationError) -> list[Finding]:
     field = _field_name(path)
     if error.validator == "additionalProperties":
         return _unknown_fields(doc, error, path)
-    if path and path[-1] == "description" and isinstance(error.instance, str):
+    if path and path[-1] == "description" and (isinstance(error.instance, str) or error.instance is None):
+        # `description:` with nothing after it is null, and means what "" means.
         return [doc.finding("error", "schema", path,
                             "description is empty. Write one or two sentences for someone "
                             "choosing between models (what it is good at, what it costs beside "

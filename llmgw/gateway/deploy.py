@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 
@@ -27,7 +28,7 @@ def deploy(plan: Path, gateway: str, token: str | None = None, timeout: float = 
         text = plan.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read plan {plan}: {exc.strerror or exc}.") from None
-    url = gateway.rstrip("/") + "/admin/plan"
+    url = _admin_url(gateway)
     try:
         answer = httpx.post(
             url,
@@ -37,10 +38,40 @@ def deploy(plan: Path, gateway: str, token: str | None = None, timeout: float = 
             trust_env=False,
         )
     except httpx.HTTPError as exc:
-        raise UsageError(f"cannot reach the gateway at {url}: {exc}. Check --gateway.") from None
+        reason = str(exc).rstrip(".") or type(exc).__name__
+        raise UsageError(f"cannot reach the gateway at {url}: {reason}. Check --gateway.") from None
     if answer.status_code == 200:
         return str(answer.json()["digest"])
+    if answer.status_code in (401, 403):
+        # Nothing was judged: the plan was never read.
+        raise DeployRefused(
+            f"the gateway did not accept the token ({answer.status_code}); set LLMGW_ADMIN_TOKEN "
+            "to the admin token the gateway was started with."
+        )
+    if answer.status_code in (404, 405):
+        raise DeployRefused(
+            f"nothing at {url} takes a plan ({answer.status_code}); --gateway must be the "
+            "gateway's base URL, such as http://127.0.0.1:8080, with no path after it."
+        )
     raise DeployRefused(f"the gateway refused the plan ({answer.status_code}): {_reason(answer)}")
+
+
+def _admin_url(gateway: str) -> str:
+    """POST /admin/plan under the gateway's base URL; a URL that cannot be it is a UsageError."""
+    parsed = urlparse(gateway)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise UsageError(
+            f"--gateway {gateway} is not a URL the gateway could be at; write it as "
+            "http://HOST:PORT, such as http://127.0.0.1:8080."
+        )
+    base = gateway.rstrip("/")
+    if base.endswith("/v1"):
+        # /v1 is where clients send OpenAI requests; the admin routes are beside it.
+        raise UsageError(
+            f"--gateway {gateway} ends in /v1, which is the path clients use; give the gateway's "
+            f"base URL without it: {base.removesuffix('/v1')}."
+        )
+    return base + "/admin/plan"
 
 
 def _reason(answer: httpx.Response) -> str:

@@ -20,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+from llmgw.atomic import replace_file
 from llmgw.errors import LlmgwError, PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.routing import RouteTable
@@ -139,12 +140,9 @@ class PlanState:
                 # /readyz is often not the one who ran `llmgw deploy` and saw the 422.
                 self._refuse(str(exc))
                 raise
-            tmp = self.path.with_name(f".{self.path.name}.deploy{os.getpid()}")
             try:
-                tmp.write_bytes(text)
-                os.replace(tmp, self.path)
+                replace_file(self.path, text, tag="deploy")
             except OSError as exc:
-                tmp.unlink(missing_ok=True)
                 raise PlanWriteError(
                     f"the gateway cannot write its plan file {self.path}: "
                     f"{exc.strerror or exc}; the operator must make its folder writable."
@@ -181,13 +179,10 @@ class PlanState:
             # The file changed since this worker read it: another worker may already have
             # kept the newer plan, which this older one must not overwrite.
             return
-        tmp = self.last_good.with_name(f"{self.last_good.name}.{os.getpid()}")
         try:
-            tmp.write_text(dump_plan(self.table.plan.doc), encoding="utf-8")
-            os.replace(tmp, self.last_good)
+            replace_file(self.last_good, dump_plan(self.table.plan.doc).encode("utf-8"))
         except OSError as exc:
             log.warning("cannot keep a copy of the plan at %s: %s", self.last_good, exc)
-            tmp.unlink(missing_ok=True)
 
     def _refuse(self, reason: str) -> None:
         self.refusal = reason

@@ -70,9 +70,42 @@ def field_lines(f: FieldChange) -> list[str]:
     """`field: before → after`; long values (descriptions) stack so the two can be compared."""
     where = f"profile {f.profile} {f.field}" if f.profile else f.field
     before, after = value(f.before), value(f.after)
+    if len(before) + len(after) > LONG_VALUES and isinstance(f.before, str) and isinstance(f.after, str):
+        before, after = (value(v) for v in around_the_change(f.before, f.after))
     if len(before) + len(after) <= LONG_VALUES:
         return [f"{where}: {before} → {after}"]
     return [f"{where}: {before}", f"{' ' * len(where)}→ {after}"]
+
+
+def around_the_change(before: str, after: str, context: int = 30) -> tuple[str, str]:
+    """Both strings cut to the part that differs, with a few words either side and … where
+    text is left out: a ten-character edit to a long description is found at a glance, not by
+    comparing two paragraphs."""
+    same_start = 0
+    for a, b in zip(before, after, strict=False):
+        if a != b:
+            break
+        same_start += 1
+    same_end = 0
+    limit = min(len(before), len(after)) - same_start
+    while same_end < limit and before[-1 - same_end] == after[-1 - same_end]:
+        same_end += 1
+    start = max(0, same_start - context)
+    if start:
+        # From a word's start; looked for in the common prefix, so the same in both strings.
+        space = before.find(" ", start, same_start)
+        start = space + 1 if space >= 0 else start
+    return (_cut(before, start, len(before) - same_end + context),
+            _cut(after, start, len(after) - same_end + context))
+
+
+def _cut(text: str, start: int, stop: int) -> str:
+    if stop < len(text):
+        space = text.rfind(" ", start, stop)
+        stop = space if space > start else stop
+    head = "…" if start else ""
+    tail = " …" if stop < len(text) else ""
+    return head + text[start:stop] + tail
 
 
 def replica_line(r: ReplicaChange) -> str:

@@ -45,7 +45,20 @@ class Entry:
 class Context:
     entries: list[Entry]
     fleet: Fleet
+    # Files new or edited since the previous plan (by path and sha256); None without one.
+    changed: frozenset[str] | None = None
     _answers: dict[Hashable, object] = field(default_factory=dict)
+
+    def is_new(self, entry: Entry) -> bool:
+        """True when `entry`'s file is new or edited since the previous plan, or there is none."""
+        return self.changed is None or entry.doc.file in self.changed
+
+    def to_blame(self, entries: list[Entry]) -> list[Entry]:
+        """Of the files in a clash, those to report it on: the ones a pull request added or
+        edited, since a reviewer sent to an untouched file looks for a mistake that is not
+        there. All of them without a previous plan, or when none is new (a stale plan)."""
+        new = [e for e in entries if self.is_new(e)]
+        return new or entries
 
     def placed_profiles(self) -> Iterator[tuple[Entry, Profile]]:
         """Profiles the fleet must run: every one without endpoints of its own."""
@@ -65,9 +78,9 @@ Rule = Callable[[Context], Iterable[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from llmgw.rules import fleet, limits, memory, names, sources
+    from llmgw.rules import external, fleet, limits, memory, names, sources
 
-    return [names.check, sources.check, limits.check, fleet.check, memory.check]
+    return [names.check, sources.check, limits.check, fleet.check, memory.check, external.check]
 
 
 def run_rules(ctx: Context) -> list[Finding]:

@@ -41,22 +41,42 @@ def _check_profile(
     path = entry.profile_path(profile)
     memory = entry.memory(profile)
     if memory is None:
-        yield entry.doc.finding(
-            "error", "memory-unknown", path,
-            "cannot tell how much memory a replica needs: the size of the weights is unknown. "
-            "Write weights_bytes (the size of the weights in bytes) or min_memory_gb for this "
-            "profile, so it is not placed on a node too small to hold it.",
-        )
+        yield entry.doc.finding("error", "memory-unknown", path, _unknown_message(entry))
         return
     if largest_node is None:
         return  # selector-matches-nothing says so
     largest, room = largest_node
     if memory.gb <= room:
         return
-    kind = f"{profile.gpus_needed} GPU(s) of" if profile.gpus_needed else ""
     yield entry.doc.finding(
         "warning", "memory-fit", path,
         f"a replica needs {memory.gb:g} GB ({memory.basis}) but the largest node it may run on, "
-        f"{largest.name}, has {kind} {room:g} GB".replace("  ", " ")
-        + ". Write min_memory_gb if the estimate is wrong, or add a larger node.",
+        f"{room_on(largest, profile)}. Write min_memory_gb if the estimate is wrong, or add a "
+        "larger node.",
     )
+
+
+def room_on(node: Node, profile: Profile) -> str:
+    """`cpu-2, has 32 GB`, or for GPUs how the figure is made, since "2 GPU(s) of 160 GB" once
+    read as two 160 GB cards: `gpu-2, gives it 80 GB: 1 of its 2 GPUs of 80 GB each`."""
+    if not profile.gpus_needed:
+        return f"{node.name}, has {node.memory_gb:g} GB"
+    used = min(profile.gpus_needed, node.gpu_count)
+    each = f"{node.gpu_memory_gb:g} GB each"
+    cards = f"GPU{'' if node.gpu_count == 1 else 's'}"
+    share = f"its {node.gpu_count} {cards} of {each}" if used == node.gpu_count else (
+        f"{used} of its {node.gpu_count} {cards} of {each}, as the profile asks for {used}")
+    return f"{node.name}, gives it {capacity_gb(node, profile):g} GB: {share}"
+
+
+def _unknown_message(entry: Entry) -> str:
+    head = "cannot tell how much memory a replica needs: "
+    if entry.source.missing:
+        # Most often a typo in the path: writing weights_bytes would silence this and leave
+        # the typo for the engine to fail on.
+        return (head + f"source {entry.source.text} is not on this machine to measure "
+                "(see source-missing). Fix the path; if the file is only on the nodes, write "
+                "weights_bytes (its size in bytes) or min_memory_gb for this profile.")
+    return (head + "the size of the weights is unknown. Write weights_bytes (the size of the "
+            "weights in bytes) or min_memory_gb for this profile, so it is not placed on a node "
+            "too small to hold it.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from llmgw.findings import Finding
 from llmgw.rules import Context, Entry
@@ -27,37 +28,63 @@ def _profile_names(entry: Entry) -> Iterator[Finding]:
         seen.add(profile.name)
 
 
+@dataclass(frozen=True)
+class _Claim:
+    """One model answering to a word: by its name, or by one of its aliases."""
+
+    entry: Entry
+    alias: int | None  # index in aliases; None for the name
+
+    @property
+    def path(self) -> tuple[str | int, ...]:
+        return ("name",) if self.alias is None else ("aliases", self.alias)
+
+    def describe(self) -> str:
+        if self.alias is None:
+            return f"the name of the model in {self.entry.doc.file}"
+        return f"an alias of the model in {self.entry.doc.file} ({self.entry.spec.name})"
+
+
 def _model_names(ctx: Context) -> Iterator[Finding]:
-    # Files in path order: the first file to claim a name keeps it, and the
-    # finding lands on the later one, which is usually the one being added.
-    owners: dict[str, tuple[Entry, str]] = {}  # name -> (entry, "name" | "alias")
+    claims: dict[str, list[_Claim]] = {}
     for entry in sorted(ctx.entries, key=lambda e: e.doc.file):
-        spec = entry.spec
-        if spec.name in owners:
-            other, how = owners[spec.name]
-            rule = "duplicate-name" if how == "name" else "alias-collision"
-            what = "model" if how == "name" else "alias of the model"
-            yield entry.doc.finding(
-                "error", rule, ("name",),
-                f"'{spec.name}' is already the {what} in {other.doc.file}; "
-                "two models cannot answer to one name. Rename one of them.",
-            )
-        else:
-            owners[spec.name] = (entry, "name")
-        for i, alias in enumerate(spec.aliases):
-            if alias == spec.name:
+        claims.setdefault(entry.spec.name, []).append(_Claim(entry, None))
+        for i, alias in enumerate(entry.spec.aliases):
+            if alias == entry.spec.name:
                 yield entry.doc.finding(
                     "error", "alias-collision", ("aliases", i),
                     f"alias '{alias}' repeats the model's own name; remove it.",
                 )
                 continue
-            if alias in owners:
-                other, how = owners[alias]
-                what = "the name of the model" if how == "name" else "an alias of the model"
-                yield entry.doc.finding(
-                    "error", "alias-collision", ("aliases", i),
-                    f"alias '{alias}' is already {what} in {other.doc.file} ({other.spec.name}); "
-                    "a client sending it could reach either. Pick another alias.",
-                )
-                continue
-            owners[alias] = (entry, "alias")
+            claims.setdefault(alias, []).append(_Claim(entry, i))
+    for word, held in claims.items():
+        if len({c.entry.doc.file for c in held}) < 2:
+            continue
+        blamed = {id(e) for e in ctx.to_blame([c.entry for c in held])}
+        for claim in held:
+            if id(claim.entry) in blamed:
+                yield _clash(ctx, word, claim, [c for c in held if c.entry is not claim.entry])
+
+
+def _clash(ctx: Context, word: str, claim: _Claim, others: list[_Claim]) -> Finding:
+    # "already" only when the others were there in the previous plan: without one, which
+    # file came first is not known, and each file of the clash names the others.
+    when = "already" if not any(ctx.is_new(o.entry) for o in others) else "also"
+    them = "; and ".join(o.describe() for o in others)
+    if claim.alias is not None:
+        return claim.entry.doc.finding(
+            "error", "alias-collision", claim.path,
+            f"alias '{word}' is {when} {them}; a client sending it could reach either. "
+            "Pick another alias.",
+        )
+    if any(o.alias is None for o in others):
+        return claim.entry.doc.finding(
+            "error", "duplicate-name", claim.path,
+            f"'{word}' is {when} {them}; two models cannot answer to one name. "
+            "Rename one of them.",
+        )
+    return claim.entry.doc.finding(
+        "error", "alias-collision", claim.path,
+        f"'{word}' is {when} {them}; a client sending it could reach either. "
+        "Rename this model, or remove that alias.",
+    )

@@ -1,8 +1,14 @@
-"""sharded-source, unreadable-format, engine-mismatch: one source, in a format its engine reads."""
+"""sharded-source, unreadable-format, engine-mismatch, source-missing: one source, in a format
+its engine reads.
+
+Every hint here is advice that passes lint when followed: a test applies each one and lints
+again. A hint that sent vLLM to a GGUF repository once traded one error for another.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from llmgw.findings import Finding
 from llmgw.rules import Context, Entry
@@ -16,6 +22,16 @@ def check(ctx: Context) -> Iterator[Finding]:
 
 def _check_entry(entry: Entry) -> Iterator[Finding]:
     src = entry.source
+    if src.missing:
+        # A warning: weights may live only on the nodes. But a typo in the path is the
+        # likelier cause, and without this the only finding was memory-unknown's advice
+        # to write weights_bytes, which hides the typo until the engine fails to start.
+        yield entry.doc.finding(
+            "warning", "source-missing", ("source",),
+            f"{_shown(entry)} does not exist on this machine. If the path is wrong, fix it; "
+            "if the file is only on the nodes, the plan is written anyway, and the node agent "
+            "fails to start the engine where it is missing.",
+        )
     if src.several_files:
         yield entry.doc.finding("error", "sharded-source", ("source",), _sharded_message(entry))
         return
@@ -29,6 +45,8 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
         )
         return
     readers = READERS[src.format]
+    if src.gguf_repository and src.format == "repository":
+        readers = frozenset()  # llama.cpp needs the file named, and vLLM reads no GGUF
     for profile in entry.spec.profiles:
         if profile.engine in readers:
             continue
@@ -38,24 +56,45 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
         )
 
 
+def _shown(entry: Entry) -> str:
+    """A local source as the user finds it from where lint runs: beside the model file."""
+    text = entry.source.text
+    if Path(text).is_absolute():
+        return f"source {text}"
+    return f"source {text} ({(entry.base_dir / text).as_posix()})"
+
+
 def _sharded_message(entry: Entry) -> str:
     src = entry.source
     if src.shard is not None:
         what = f"one shard ({src.shard[0]} of {src.shard[1]}) of weights split across files"
     else:
         what = f"a directory holding {len(src.weight_files)} weight files"
-    instead = "a single-file build (a GGUF, for llamacpp)"
-    if src.repository:
-        instead += f", or the repository id {src.repository} for vllm, which fetches the shards itself"
-    else:
-        instead += ", or the repository id (hf://org/repo) for vllm, which fetches the shards itself"
-    return f"source names {what}; an entry names exactly one source. Serve {instead}."
+    head = f"source names {what}; an entry names exactly one source."
+    if src.format == "gguf" or src.gguf_repository:
+        # The repository of a split GGUF holds only GGUF files: not something vLLM reads.
+        where = f" from {src.repository}" if src.repository else ""
+        return (f"{head} Serve a single-file build with engine llamacpp: a quantisation{where} "
+                "that is one .gguf file. vllm does not read GGUF; for vllm, point source at the "
+                "model's safetensors repository (hf://org/repo) instead.")
+    repository = src.repository or "hf://org/repo"
+    return (f"{head} Serve the repository id {repository} with engine vllm, which fetches the "
+            "shards itself, or a GGUF build of the same model in one file with engine llamacpp.")
 
 
 def _mismatch_message(entry: Entry, engine: str, fmt: str, readers: frozenset[str]) -> str:
+    src = entry.source
+    if src.gguf_repository and fmt == "repository":
+        if engine == "vllm":
+            return (f"{src.repository} is a GGUF repository (its name says so), and vllm does not "
+                    "read GGUF; use engine llamacpp with one .gguf file from it "
+                    f"({src.repository}/<name>.gguf), or point source at the model's safetensors "
+                    "repository for vllm.")
+        return (f"{engine} cannot serve a repository id: it needs one GGUF file. Name the file "
+                f"({src.repository}/<name>.gguf).")
     if fmt == "repository":
         return (f"{engine} cannot serve a repository id: it needs one GGUF file. Name the file "
-                f"({entry.source.repository or 'hf://org/repo'}/<name>.gguf), or use engine vllm.")
+                f"({src.repository or 'hf://org/repo'}/<name>.gguf), or use engine vllm.")
     others = " or ".join(sorted(readers))
     if fmt == "gguf":
         return (f"{engine} does not read GGUF files; use engine {others}, or point source at the "

@@ -62,6 +62,29 @@ def test_a_description_added_to_an_undescribed_model_shows_none_before() -> None
     assert '    description: (none) → "Tiny."' in text(old, new).splitlines()
 
 
+def test_a_small_edit_to_a_long_description_shows_the_words_around_it() -> None:
+    long = ("General chat, fast and cheap; the default for most requests. Use llama-3.1-70b for "
+            "long reasoning and careful code review across many files, and qwen for Chinese.")
+    r = [replica("cpu-1", "127.0.0.11", 8001)]
+    old = plan([model("m", r, description=long)], CPU)
+    new = plan([model("m", r, description=long.replace("fast and cheap;", "fast;"))], CPU)
+    lines = text(old, new).splitlines()
+    assert lines[1:3] == [
+        '    description: "General chat, fast and cheap; the default for most …"',
+        '               → "General chat, fast; the default for most …"',
+    ], lines
+
+
+def test_an_edit_at_the_end_of_a_long_description_elides_the_start() -> None:
+    long = "A " + "very " * 30 + "long description ending in one word."
+    r = [replica("cpu-1", "127.0.0.11", 8001)]
+    old = plan([model("m", r, description=long)], CPU)
+    new = plan([model("m", r, description=long.replace("one word.", "two words."))], CPU)
+    lines = text(old, new).splitlines()
+    assert lines[1] == ('    description: "…long description ending in one word." → '
+                        '"…long description ending in two words."'), lines
+
+
 def test_aliases_and_limits_show_before_and_after() -> None:
     r = [replica("cpu-1", "127.0.0.11", 8001)]
     old = plan([model("m", r, aliases=["a"], context_length=8192)], CPU)
@@ -230,4 +253,4 @@ def test_an_empty_new_plan_is_an_error_not_a_teardown(tmp_path) -> None:
     empty.write_text("")
     result = run_llmgw("diff", "/dev/null", empty, "--detailed-exitcode")
     assert result.code == 1, result
-    assert "to remove" not in result.stdout and "not valid JSON" in result.stderr, result
+    assert "to remove" not in result.stdout and "a plan step failed" in result.stderr, result

@@ -249,6 +249,26 @@ def test_lint_errors_are_in_the_comment_and_fail_the_job(repo: Path, tmp_path: P
     assert "No plan was written" in comment["body"], comment["body"]
 
 
+def test_a_clash_is_reported_on_the_file_the_pull_request_added(repo: Path, tmp_path: Path) -> None:
+    # 00-new-chat.yaml sorts before the files it clashes with; a reviewer must still be sent
+    # to it, and not to llama-3.1-8b.yaml or llama-3.1-70b.yaml, which nobody touched.
+    base = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "clash")
+    (repo / "catalog" / "00-new-chat.yaml").write_text(
+        PHI_4.replace("name: phi-4", "name: llama-3.1-8b").replace("[phi4]", "[smart]")
+    )
+    commit_all(repo, "a new chat model")
+    with serve(FakeGitea()) as gitea:
+        job = review(repo, tmp_path, gitea, base)
+    assert not job.succeeded and job.steps[-1].name == "Fail on lint errors", job
+    lint = job.step("Lint").stdout
+    assert "file=catalog/00-new-chat.yaml,line=1" in lint and "duplicate-name" in lint, job
+    assert "file=catalog/00-new-chat.yaml,line=3" in lint and "alias-collision" in lint, job
+    assert "catalog/llama-3.1-8b.yaml,line" not in lint and "llama-3.1-70b.yaml,line" not in lint, job
+    body = gitea.comments[7][0]["body"]
+    assert "`catalog/00-new-chat.yaml:1:7`" in body and "`catalog/llama-3.1-8b.yaml:" not in body, body
+
+
 def test_a_base_without_a_catalogue_shows_everything_added(repo: Path, tmp_path: Path) -> None:
     git(repo, "checkout", "-q", "--orphan", "empty")
     git(repo, "rm", "-rqf", ".")

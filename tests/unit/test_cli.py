@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import threading
 
 from tests.conftest import write_catalog
 from tests.unit.helpers import model_yaml
@@ -93,6 +96,16 @@ def test_plan_refuses_a_broken_previous_plan_with_a_sentence(llmgw, tmp_path):
     assert "old.json is not valid JSON" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_an_empty_previous_plan_means_none_for_plan_and_lint_as_for_diff(llmgw, tmp_path):
+    # The first deploy has no deployed plan; the workflows pass an empty file for it.
+    write_catalog(tmp_path, {"x.yaml": model_yaml()})
+    (tmp_path / "none.json").write_text("")
+    assert llmgw("plan", "--previous", "none.json", cwd=tmp_path).code == 0
+    lint = llmgw("lint", "--previous", "none.json", cwd=tmp_path)
+    assert lint.code == 0, lint
+    assert "previous" not in json.loads((tmp_path / "plan.json").read_text())["inputs"]
+
+
 def test_fleet_nodes_sharing_an_address_and_ports_exit_2(llmgw, tmp_path):
     fleet = ("nodes:\n  - {name: a, address: 127.0.0.1, memory_gb: 8}\n"
              "  - {name: b, address: 127.0.0.1, memory_gb: 8}\n")
@@ -120,6 +133,43 @@ def test_plan_to_a_missing_folder_exits_2_and_leaves_nothing_behind(llmgw, tmp_p
     run = llmgw("plan", "--out", "adir", cwd=tmp_path)
     assert run.code == 2, run
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_plan_out_through_a_link_to_dev_null_leaves_the_link_and_the_device(llmgw, tmp_path):
+    # A rename over the target once turned /dev/null into a regular file; the real
+    # /dev/null is never the target here, a link to it is.
+    write_catalog(tmp_path, {"x.yaml": model_yaml()})
+    (tmp_path / "null").symlink_to("/dev/null")
+    run = llmgw("plan", "--out", "null", cwd=tmp_path)
+    assert run.code == 0, run
+    assert (tmp_path / "null").is_symlink(), "the link was replaced by a regular file"
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_plan_out_to_a_fifo_writes_into_it_and_leaves_it_a_fifo(llmgw, tmp_path):
+    write_catalog(tmp_path, {"x.yaml": model_yaml()})
+    fifo = tmp_path / "plan.pipe"
+    os.mkfifo(fifo)
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    run = llmgw("plan", "--out", "plan.pipe", cwd=tmp_path)
+    reader.join(timeout=30)
+    assert run.code == 0, run
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced by a regular file"
+    assert json.loads(read[0])["models"][0]["name"] == "llama-3.1-8b"
+
+
+def test_plan_out_through_a_link_to_a_plan_updates_that_plan(llmgw, tmp_path):
+    write_catalog(tmp_path, {"x.yaml": model_yaml()})
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "live.json").write_text("old")
+    (tmp_path / "plan.json").symlink_to("plans/live.json")
+    run = llmgw("plan", "--out", "plan.json", cwd=tmp_path)
+    assert run.code == 0, run
+    assert (tmp_path / "plan.json").is_symlink()
+    assert json.loads((tmp_path / "plans" / "live.json").read_text())["format_version"] == "1"
+    assert [p.name for p in (tmp_path / "plans").iterdir()] == ["live.json"], "no temporary left"
 
 
 def test_fleet_given_as_a_directory_says_so(llmgw, tmp_path):

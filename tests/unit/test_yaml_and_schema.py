@@ -62,6 +62,15 @@ def test_blank_description_is_refused_with_write_one_or_remove_it(tmp_path):
     assert "write one" in finding.message.lower() and "remove the key" in finding.message
 
 
+def test_description_with_no_value_is_refused_as_an_empty_one_is(tmp_path):
+    # `description:` with nothing after it is null in YAML, not a type mistake to explain.
+    result = run(tmp_path, {"a.yaml": model_yaml(extra="description:\n")})
+    [finding] = by_rule(result, "schema")
+    assert finding.line == 6 and "description is empty" in finding.message
+    assert "remove the key to leave the model undescribed" in finding.message
+    assert "must be" not in finding.message
+
+
 def test_wrong_type_says_what_was_expected_and_what_was_found(tmp_path):
     result = run(tmp_path, {"a.yaml": model_yaml(extra='max_output: "lots"\n')})
     [finding] = by_rule(result, "schema")
