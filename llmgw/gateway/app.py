@@ -27,6 +27,29 @@ from llmgw.gateway.upstream import FastTransport
 log = logging.getLogger("llmgw.gateway")
 
 
+class BodyWatch:
+    """The ASGI `receive`, noting a client that leaves before its body's last part.
+
+    Falcon's request stream simply ends then, and what came reads like a whole body.
+    """
+
+    __slots__ = ("_receive", "done", "cut")
+
+    def __init__(self, receive: Any) -> None:
+        self._receive = receive
+        self.done = False
+        self.cut = False
+
+    async def receive(self) -> dict[str, Any]:
+        event: dict[str, Any] = await self._receive()
+        kind = event["type"]
+        if kind == "http.request":
+            self.done = not event.get("more_body", False)
+        elif kind == "http.disconnect" and not self.done:
+            self.cut = True
+        return event
+
+
 class _App(falcon.asgi.App):  # type: ignore[misc]
     """Falcon's app, also handing the ASGI `receive` to resources through the scope.
 
@@ -37,6 +60,9 @@ class _App(falcon.asgi.App):  # type: ignore[misc]
     async def __call__(  # type: ignore[override]
         self, scope: dict[str, Any], receive: Any, send: Any
     ) -> None:
+        if scope["type"] == "http":
+            body = scope["llmgw.body"] = BodyWatch(receive)
+            receive = body.receive
         scope["llmgw.receive"] = receive
         await super().__call__(scope, receive, send)
 
@@ -107,8 +133,8 @@ def create_app(settings: Settings | None = None) -> falcon.asgi.App:
     ):
         app.add_route(path, Proxy(kind, client, health, settings, access))
     app.add_route("/healthz", Healthz())
-    app.add_route("/readyz", Readyz(state))
-    app.add_route("/metrics", Metrics(state))
+    app.add_route("/readyz", Readyz(state, settings.metrics_token))
+    app.add_route("/metrics", Metrics(state, settings.metrics_token))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
     _add_dashboard(app, state)
     return app

@@ -29,6 +29,7 @@ class Settings:
     max_body_bytes: int = 8 * 1024 * 1024
     api_keys_file: Path | None = None
     admin_token: str | None = None
+    metrics_token: str | None = None
     access_log: bool = True
 
 
@@ -62,6 +63,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["api_keys_file"] = Path(env["LLMGW_API_KEYS_FILE"])
     if env.get("LLMGW_ADMIN_TOKEN"):
         values["admin_token"] = env["LLMGW_ADMIN_TOKEN"]
+    if env.get("LLMGW_METRICS_TOKEN"):
+        values["metrics_token"] = env["LLMGW_METRICS_TOKEN"]
     if env.get("LLMGW_ACCESS_LOG", "").lower() in ("0", "off", "false", "no"):
         values["access_log"] = False
     return Settings(**values)  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from llmgw.gateway.access import Access
 from llmgw.gateway.config import Settings
 from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
+from llmgw.gateway.rename import EventRename, JsonRename
 from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica
 
 log = logging.getLogger("llmgw.gateway")
@@ -143,12 +144,21 @@ class Proxy:
         ctx.streaming = True
         upstream = answer.upstream
         resp.status = upstream.status_code
-        headers = upstream.headers
-        resp.content_type = headers.get("content-type", falcon.MEDIA_JSON)
-        length = headers.get("content-length")
-        if length is not None and length.isdigit():
-            resp.content_length = int(length)
-        resp.stream = Relay(self, req, answer, watch)
+        # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
+        # would have a browser render its bytes as a page of this gateway's origin.
+        rename: EventRename | JsonRename
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            resp.content_type = "text/event-stream"
+            rename = EventRename(requested)
+            answer.first = rename.feed(answer.first)
+        else:
+            resp.content_type = falcon.MEDIA_JSON
+            rename = JsonRename(requested)
+            answer.first = rename.feed(answer.first)
+            length = upstream.headers.get("content-length")
+            if rename.done and length is not None and length.isdigit():
+                resp.content_length = int(length) + rename.growth
+        resp.stream = Relay(self, req, answer, watch, rename)
 
     async def _open(
         self,
@@ -282,9 +292,15 @@ class Relay:
     """
 
     def __init__(
-        self, proxy: Proxy, req: falcon.asgi.Request, answer: Answer, watch: Disconnect
+        self,
+        proxy: Proxy,
+        req: falcon.asgi.Request,
+        answer: Answer,
+        watch: Disconnect,
+        rename: JsonRename | EventRename,
     ) -> None:
         self.proxy = proxy
+        self.rename = rename
         self.req = req
         self.upstream = answer.upstream
         self.replica = answer.replica
@@ -303,12 +319,21 @@ class Relay:
         if self.first is not None:
             first, self.first = self.first, None
             return first
+        while True:  # a chunk the rename holds on to is not worth a send of nothing
+            chunk = await self._next()
+            if chunk:
+                return chunk
+
+    async def _next(self) -> bytes:
         self.watch.waiting = True
         try:
             async with asyncio.timeout(self.proxy.chunk_timeout):
-                chunk = await self.chunks.__anext__()
+                chunk = self.rename.feed(await self.chunks.__anext__())
         except StopAsyncIteration:
+            rest = self.rename.flush()
             await self.close()
+            if rest:
+                return rest
             raise
         except asyncio.CancelledError:
             if not self.watch.absorb():
@@ -358,25 +383,77 @@ class Relay:
 
 
 async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> bytes:
-    """The whole body; 413 saying `too_large` once it is over `limit` bytes, declared or not."""
+    """The whole body; 413 saying `too_large` once it is over `limit` bytes, declared or not;
+    400 when the client left before sending all of it."""
     length = req.content_length
     if length is not None and length > limit:
         raise ApiError(413, too_large, code="request_too_large")
     if length is not None:
-        return bytes(await req.stream.read())
-    parts, total = [], 0  # chunked upload: count as it comes
-    async for part in req.stream:
-        total += len(part)
-        if total > limit:
-            raise ApiError(413, too_large, code="request_too_large")
-        parts.append(part)
-    return b"".join(parts)
+        body = bytes(await req.stream.read())
+    else:
+        parts, total = [], 0  # chunked upload: count as it comes
+        async for part in req.stream:
+            total += len(part)
+            if total > limit:
+                raise ApiError(413, too_large, code="request_too_large")
+            parts.append(part)
+        body = b"".join(parts)
+    # The server ends the stream when the client goes away, and the part that came looks
+    # like a whole body: a deploy cut short was refused as a bad plan, and a request cut
+    # at the right place went to an engine.
+    body_watch = req.scope.get("llmgw.body")
+    if (length is not None and len(body) < length) or (body_watch is not None and body_watch.cut):
+        announced = f" of the {length} its Content-Length announced" if length is not None else ""
+        raise ApiError(
+            400,
+            f"The request body was cut short: the connection closed after {len(body)} bytes"
+            f"{announced}. Send the whole body again.",
+            code="body_cut_short",
+        )
+    return body
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen.add(key)
+    raise AssertionError("unreachable: fewer keys than pairs means one repeats")
 
 
 def _parse(body: bytes) -> dict[str, Any]:
+    # One reading of the body, the same one every engine makes: the gateway checks the
+    # body it parsed and forwards the bytes, so bytes an engine could read differently
+    # (another encoding, a key given twice) must not pass.
     try:
-        request = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ApiError(
+            400, "The request body is not UTF-8; send JSON encoded as UTF-8, as the OpenAI API expects."
+        ) from None
+    try:
+        request = json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise ApiError(
+            400,
+            f"The request body gives `{exc}` more than once in one object; engines differ on which "
+            "one counts, so send each field once.",
+            param=str(exc),
+            code="duplicate_key",
+        ) from None
+    except RecursionError:
+        raise ApiError(
+            400, "The request body nests arrays or objects too deeply to read; no API request needs that."
+        ) from None
+    except ValueError as exc:
         raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
     if not isinstance(request, dict):
         raise ApiError(400, 'The request body must be a JSON object, e.g. {"model": ...}.')
@@ -403,14 +480,21 @@ def _article(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
 
 
+# Every field an engine takes as the answer's length limit: vLLM reads the first two,
+# llama.cpp all three. Checking only the OpenAI ones let `n_predict` past max_output.
+_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict")
+
+
 def _check_max_tokens(model: Model, request: dict[str, Any]) -> None:
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in _TOKEN_LIMITS:
         value = request.get(field)
         if value is None:
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        # llama.cpp reads n_predict -1 as "no limit": fine where the model sets none.
+        unlimited = field == "n_predict" and value == -1
+        if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and not unlimited):
             raise ApiError(400, f"`{field}` must be a positive whole number.", param=field)
-        if model.max_output is not None and value > model.max_output:
+        if model.max_output is not None and (unlimited or value > model.max_output):
             raise ApiError(
                 400,
                 f"`{field}` is {value}, but {model.name} writes at most {model.max_output} tokens "

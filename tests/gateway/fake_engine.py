@@ -18,6 +18,9 @@ misbehaviour through body fields the gateway passes through untouched:
     fake_hangup_after close the connection after this many streamed chunks (0: right
                       after the headers)
     fake_only         misbehave only on the engine of this name; others answer normally
+    fake_content_type the Content-Type of a non-streamed answer (default application/json)
+    fake_model        the model an answer names, as a llama-server without --alias names
+                      its weights file (default: the model it was sent)
 
 GET /fake/stats reports requests seen, streams whose client went away, and models seen.
 POST /fake/health with {"status": 503} changes what GET /health answers from then on.
@@ -174,9 +177,11 @@ class _Connection(asyncio.Protocol):
             )
             return None
         kind = _KINDS[path]
+        model = str(request.get("fake_model") or model)
         if request.get("stream") or request.get("fake_delay_first") or request.get("fake_delay_body"):
             return {"kind": kind, "model": model, "request": request}
-        self._write(200, _complete(kind, model, engine.name, request))
+        content_type = str(request.get("fake_content_type") or "application/json").encode()
+        self._write(200, _complete(kind, model, engine.name, request), content_type)
         return None
 
     async def _answer_later(self, job: dict[str, Any]) -> None:
