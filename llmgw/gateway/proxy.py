@@ -1,8 +1,10 @@
 """POST /v1/chat/completions, /v1/completions and /v1/embeddings: check, route, relay.
 
 The request is checked against the model before any replica is bothered. Then replicas are
-tried best first (see routing.Model.candidates): a refused connection or a 5xx moves on to
-the next, because the client has seen nothing yet. The response status goes to the client
+tried best first (see routing.Model.candidates): a refused connection or a 502/503/504 moves
+on to the next, because the client has seen nothing yet. Any other 5xx may be the request's
+own doing: it is tried once more elsewhere, and fails the replica only if another replica
+answers; failed twice, the client gets the engine's own error. The response status goes to the client
 only once the engine's first body byte has arrived: engines send their headers before the
 prompt is processed (vLLM does), so a status sent with them would turn a first-byte timeout
 into "200, then an error event" and rule out trying another replica. Once an answer has
@@ -53,6 +55,13 @@ _NOT_TAKEN = (
     httpx.ReadError,
     httpx.WriteError,
 )
+
+
+# Statuses that say the replica, not the request, is in trouble (a proxy or the engine
+# itself cannot serve now): retried elsewhere, and counted against the replica at once.
+# Any other 5xx may be the request's own doing; see `Proxy._blame`.
+_REPLICA_TROUBLE = frozenset({502, 503, 504})
+_ERROR_LIMIT = 1 << 20
 
 
 class Disconnect:
@@ -173,62 +182,88 @@ class Proxy:
         rewritten: dict[str, bytes] = {}
         tried = 0
         last = ""
-        for profile, replica in model.candidates():
-            tried += 1
-            served = profile.served_name
-            if served == requested:
-                content = body
-            else:
-                content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
-                rewritten[served] = content
-            outgoing = httpx.Request(
-                "POST",
-                replica.urls[self.kind],
-                headers=headers,
-                content=content,
-                extensions={"timeout": dict(self.timeouts)},
-            )
-            replica.inflight += 1
-            try:
-                answer = await self._attempt(outgoing, replica, watch)
-            except _NOT_TAKEN as exc:
-                replica.inflight -= 1
-                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
-                self.health.failed(replica, f"request failed: {type(exc).__name__}")
-                last = f"{replica.endpoint} could not be reached ({type(exc).__name__})"
-                continue
-            except (TimeoutError, httpx.TimeoutException):
-                replica.inflight -= 1
-                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
-                raise ApiError(
-                    504,
-                    f"{model.name} did not start answering within {self.first_byte_timeout:g}s "
-                    f"(replica {replica.endpoint}). Retry, or raise LLMGW_FIRST_BYTE_TIMEOUT "
-                    "if long prompts are normal here.",
-                    type="timeout_error",
-                    code="upstream_timeout",
-                ) from None
-            except httpx.HTTPError as exc:
-                replica.inflight -= 1
-                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
-                last = f"{replica.endpoint} failed ({type(exc).__name__})"
-                continue
-            except asyncio.CancelledError:
-                replica.inflight -= 1
-                if watch.absorb():
-                    raise ApiError(CLIENT_GONE, "client went away") from None
-                raise
-            status = answer.upstream.status_code
-            if status >= 500:
-                await answer.upstream.aclose()
-                replica.inflight -= 1
-                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
-                self.health.failed(replica, f"answered {status}")
-                last = f"{replica.endpoint} answered {status}"
-                continue
-            replica.failures = 0
+        # The first 500 from a live engine, held until another replica has had the request:
+        # only then is it known whose fault it was (see `_blame`).
+        faulted: Answer | None = None
+        try:
+            for profile, replica in model.candidates():
+                tried += 1
+                served = profile.served_name
+                if served == requested:
+                    content = body
+                else:
+                    content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
+                    rewritten[served] = content
+                outgoing = httpx.Request(
+                    "POST",
+                    replica.urls[self.kind],
+                    headers=headers,
+                    content=content,
+                    extensions={"timeout": dict(self.timeouts)},
+                )
+                replica.inflight += 1
+                try:
+                    answer = await self._attempt(outgoing, replica, watch)
+                except _NOT_TAKEN as exc:
+                    replica.inflight -= 1
+                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
+                    self.health.failed(replica, f"request failed: {type(exc).__name__}")
+                    last = f"{replica.endpoint} could not be reached ({type(exc).__name__})"
+                    continue
+                except (TimeoutError, httpx.TimeoutException):
+                    replica.inflight -= 1
+                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
+                    raise ApiError(
+                        504,
+                        f"{model.name} did not start answering within {self.first_byte_timeout:g}s "
+                        f"(replica {replica.endpoint}). Retry, or raise LLMGW_FIRST_BYTE_TIMEOUT "
+                        "if long prompts are normal here.",
+                        type="timeout_error",
+                        code="upstream_timeout",
+                    ) from None
+                except httpx.HTTPError as exc:
+                    replica.inflight -= 1
+                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
+                    last = f"{replica.endpoint} failed ({type(exc).__name__})"
+                    continue
+                except asyncio.CancelledError:
+                    replica.inflight -= 1
+                    if watch.absorb():
+                        raise ApiError(CLIENT_GONE, "client went away") from None
+                    raise
+                status = answer.upstream.status_code
+                if status in _REPLICA_TROUBLE:
+                    await answer.upstream.aclose()
+                    replica.inflight -= 1
+                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
+                    self.health.failed(replica, f"answered {status}")
+                    last = f"{replica.endpoint} answered {status}"
+                    continue
+                if status >= 500:
+                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
+                    if faulted is None:
+                        faulted = answer
+                        last = f"{replica.endpoint} answered {status}"
+                        continue
+                    # A second engine failed the same request: the request is the cause.
+                    # The client gets the first engine's own words, and no replica is marked.
+                    replica.inflight -= 1
+                    break
+                if faulted is not None:
+                    self._blame(faulted, replica)
+                    faulted = None
+                replica.failures = 0
+                ctx.ttfb = time.perf_counter() - ctx.start
+                return answer
+        except BaseException:
+            if faulted is not None:
+                faulted.replica.inflight -= 1
+            raise
+        if faulted is not None:
+            # Failed everywhere it was tried (perhaps its one replica): the engine's own
+            # error says more than a 502 would.
             ctx.ttfb = time.perf_counter() - ctx.start
-            return answer
+            return faulted
         if not tried:
             raise ApiError(
                 503,
@@ -247,6 +282,16 @@ class Proxy:
             code="upstream_unreachable",
         )
 
+    def _blame(self, faulted: Answer, other: Replica) -> None:
+        """`other` answered the request `faulted`'s replica failed: the replica is at fault.
+
+        Only then: any 5xx once counted against a replica, and six requests whose content
+        made the engine fail took a healthy replica out of rotation for everyone.
+        """
+        faulted.replica.inflight -= 1
+        status = faulted.upstream.status_code
+        self.health.failed(faulted.replica, f"answered {status} to a request {other.endpoint} answered")
+
     async def _attempt(self, outgoing: httpx.Request, replica: Replica, watch: Disconnect) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
         here, within one first-byte allowance for the headers and that byte together."""
@@ -256,8 +301,14 @@ class Proxy:
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.client.send(outgoing, stream=True)
                 chunks = upstream.aiter_raw()
-                if upstream.status_code >= 500:
+                if upstream.status_code in _REPLICA_TROUBLE:
                     return Answer(upstream, replica, chunks, b"")  # not read: it is retried
+                if upstream.status_code >= 500:
+                    # Read whole, in case it is passed on: whether it is, only the next
+                    # replica's answer can tell.
+                    error = await _read_error(chunks)
+                    await upstream.aclose()
+                    return Answer(upstream, replica, _nothing(), error)
                 first = await anext(chunks, b"")
         except BaseException:
             watch.waiting = False
@@ -268,6 +319,22 @@ class Proxy:
         finally:
             watch.waiting = False
         return Answer(upstream, replica, chunks, first)
+
+
+async def _read_error(chunks: AsyncIterator[bytes]) -> bytes:
+    parts, total = [], 0
+    async for part in chunks:
+        total += len(part)
+        if total > _ERROR_LIMIT:
+            # No engine explains itself at this length: taken as a replica in trouble.
+            raise httpx.RemoteProtocolError(f"a 5xx answer over {_ERROR_LIMIT} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield  # an async generator that yields nothing
 
 
 class Answer:

@@ -126,10 +126,16 @@ def test_every_replica_unreachable_is_502(gw: Gateway) -> None:
         assert answer.json()["error"]["code"] == "upstream_unreachable"
 
 
-def test_every_replica_answering_5xx_is_502(gw: Gateway) -> None:
-    answer = stream(gw, "tiered", fake_status=500)
+def test_every_replica_answering_502_is_502(gw: Gateway) -> None:
+    answer = stream(gw, "tiered", fake_status=502)
     assert answer.status_code == 502, answer.text
     assert answer.json()["error"]["code"] == "upstream_unreachable"
+
+
+def test_every_replica_answering_500_passes_on_the_engines_own_error(gw: Gateway) -> None:
+    answer = stream(gw, "tiered", fake_status=500)
+    assert answer.status_code == 500, answer.text
+    assert "told to fail" in answer.json()["error"]["message"], "the engine's words are the useful ones"
 
 
 # --- weights -------------------------------------------------------------------------------
