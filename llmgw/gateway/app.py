@@ -50,21 +50,64 @@ class BodyWatch:
         return event
 
 
-class _App(falcon.asgi.App):  # type: ignore[misc]
-    """Falcon's app, also handing the ASGI `receive` to resources through the scope.
+class ClientStalled(Exception):
+    """A write to the client made no progress within the write timeout."""
 
-    The proxy needs it to notice a client that goes away mid-answer: falcon itself only
-    notices that for its own SSE emitter, and then only after the next event arrives.
+
+class TimedSend:
+    """The ASGI `send`, given up on when the client stops reading.
+
+    The server waits for room in the socket before each write, without limit: three clients
+    that asked for a stream and never read it held their engine connections (and so the
+    engines' generation slots) open long after the chunk timeout, since the relay only times
+    the engine. Raising here ends the request; the relay's `close` drops the engine
+    connection, and the server closes the client's.
     """
+
+    __slots__ = ("_send", "timeout", "stalled")
+
+    def __init__(self, send: Any, timeout: float) -> None:
+        self._send = send
+        self.timeout = timeout
+        self.stalled = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.stalled:
+            raise ClientStalled
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._send(message)
+        except TimeoutError:
+            self.stalled = True
+            raise ClientStalled from None
+
+
+class _App(falcon.asgi.App):  # type: ignore[misc]
+    """Falcon's app, also handing the ASGI `receive` to resources through the scope, and
+    timing each write to the client (see `TimedSend`).
+
+    The proxy needs `receive` to notice a client that goes away mid-answer: falcon itself
+    only notices that for its own SSE emitter, and then only after the next event arrives.
+    """
+
+    write_timeout = 60.0
 
     async def __call__(  # type: ignore[override]
         self, scope: dict[str, Any], receive: Any, send: Any
     ) -> None:
-        if scope["type"] == "http":
-            body = scope["llmgw.body"] = BodyWatch(receive)
-            receive = body.receive
-        scope["llmgw.receive"] = receive
-        await super().__call__(scope, receive, send)
+        if scope["type"] != "http":
+            scope["llmgw.receive"] = receive
+            await super().__call__(scope, receive, send)
+            return
+        body = scope["llmgw.body"] = BodyWatch(receive)
+        scope["llmgw.receive"] = body.receive
+        timed = scope["llmgw.send"] = TimedSend(send, self.write_timeout)
+        try:
+            await super().__call__(scope, body.receive, timed.send)
+        except ClientStalled:
+            # The response is unfinished: returning now has the server close the
+            # connection (and log that it did).
+            pass
 
 
 class Lifecycle:
@@ -116,6 +159,7 @@ def create_app(settings: Settings | None = None) -> falcon.asgi.App:
     access = Access(state, api_keys, settings.access_log)
 
     app = _App(middleware=[Lifecycle(state, health, client, settings), access])
+    app.write_timeout = settings.chunk_timeout
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)

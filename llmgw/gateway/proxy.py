@@ -439,6 +439,15 @@ class Relay:
         if self.closed:
             return
         self.closed = True
+        timed = self.req.scope.get("llmgw.send")
+        if timed is not None and timed.stalled:
+            self.status = CLIENT_GONE
+            log.warning(
+                "client of request %s read nothing for %gs; its answer from %s was cut off",
+                self.req.context.request_id,
+                timed.timeout,
+                self.replica.endpoint,
+            )
         self.watch.stop()
         self.replica.inflight -= 1
         try:
