@@ -4,12 +4,12 @@ The request is checked against the model before any replica is bothered. Then re
 tried best first (see routing.Model.candidates): a refused connection or a 502/503/504 moves
 on to the next, because the client has seen nothing yet. Any other 5xx may be the request's
 own doing: it is tried once more elsewhere, and fails the replica only if another replica
-answers; failed twice, the client gets the engine's own error. The response status goes to the client
-only once the engine's first body byte has arrived: engines send their headers before the
-prompt is processed (vLLM does), so a status sent with them would turn a first-byte timeout
-into "200, then an error event" and rule out trying another replica. Once an answer has
-started, its bytes go to the client as they arrive and nothing is retried, since a client
-cannot un-read a token.
+answers; failed twice, the client gets the engine's own error. The response status goes to
+the client only once the engine's first body byte has arrived: engines send their headers
+before the prompt is processed (vLLM does), so a status sent with them would turn a
+first-byte timeout into "200, then an error event" and rule out trying another replica.
+Once an answer has started, its bytes go to the client as they arrive and nothing is
+retried, since a client cannot un-read a token.
 
 Two clocks: the first-byte timeout runs once, from when a replica is asked until its first
 body byte (headers included); after that, each wait between chunks has the chunk timeout.
@@ -201,44 +201,11 @@ class Proxy:
                     content=content,
                     extensions={"timeout": dict(self.timeouts)},
                 )
-                replica.inflight += 1
-                try:
-                    answer = await self._attempt(outgoing, replica, watch)
-                except _NOT_TAKEN as exc:
-                    replica.inflight -= 1
-                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
-                    self.health.failed(replica, f"request failed: {type(exc).__name__}")
-                    last = f"{replica.endpoint} could not be reached ({type(exc).__name__})"
+                answer = await self._ask(model, replica, outgoing, watch)
+                if isinstance(answer, str):  # not taken: why
+                    last = answer
                     continue
-                except (TimeoutError, httpx.TimeoutException):
-                    replica.inflight -= 1
-                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
-                    raise ApiError(
-                        504,
-                        f"{model.name} did not start answering within {self.first_byte_timeout:g}s "
-                        f"(replica {replica.endpoint}). Retry, or raise LLMGW_FIRST_BYTE_TIMEOUT "
-                        "if long prompts are normal here.",
-                        type="timeout_error",
-                        code="upstream_timeout",
-                    ) from None
-                except httpx.HTTPError as exc:
-                    replica.inflight -= 1
-                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
-                    last = f"{replica.endpoint} failed ({type(exc).__name__})"
-                    continue
-                except asyncio.CancelledError:
-                    replica.inflight -= 1
-                    if watch.absorb():
-                        raise ApiError(CLIENT_GONE, "client went away") from None
-                    raise
                 status = answer.upstream.status_code
-                if status in _REPLICA_TROUBLE:
-                    await answer.upstream.aclose()
-                    replica.inflight -= 1
-                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
-                    self.health.failed(replica, f"answered {status}")
-                    last = f"{replica.endpoint} answered {status}"
-                    continue
                 if status >= 500:
                     metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
                     if faulted is None:
@@ -281,6 +248,48 @@ class Proxy:
             type="upstream_error",
             code="upstream_unreachable",
         )
+
+    async def _ask(
+        self, model: Model, replica: Replica, outgoing: httpx.Request, watch: Disconnect
+    ) -> Answer | str:
+        """One replica's answer (counted in flight until it is done with), or why the
+        replica did not take the request; ApiError when no other replica may be tried."""
+        replica.inflight += 1
+        try:
+            answer = await self._attempt(outgoing, replica, watch)
+        except _NOT_TAKEN as exc:
+            replica.inflight -= 1
+            metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
+            self.health.failed(replica, f"request failed: {type(exc).__name__}")
+            return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
+        except (TimeoutError, httpx.TimeoutException):
+            replica.inflight -= 1
+            metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
+            raise ApiError(
+                504,
+                f"{model.name} did not start answering within {self.first_byte_timeout:g}s "
+                f"(replica {replica.endpoint}). Retry, or raise LLMGW_FIRST_BYTE_TIMEOUT "
+                "if long prompts are normal here.",
+                type="timeout_error",
+                code="upstream_timeout",
+            ) from None
+        except httpx.HTTPError as exc:
+            replica.inflight -= 1
+            metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
+            return f"{replica.endpoint} failed ({type(exc).__name__})"
+        except asyncio.CancelledError:
+            replica.inflight -= 1
+            if watch.absorb():
+                raise ApiError(CLIENT_GONE, "client went away") from None
+            raise
+        status = answer.upstream.status_code
+        if status in _REPLICA_TROUBLE:
+            await answer.upstream.aclose()
+            replica.inflight -= 1
+            metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
+            self.health.failed(replica, f"answered {status}")
+            return f"{replica.endpoint} answered {status}"
+        return answer
 
     def _blame(self, faulted: Answer, other: Replica) -> None:
         """`other` answered the request `faulted`'s replica failed: the replica is at fault.
