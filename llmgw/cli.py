@@ -306,8 +306,11 @@ def serve_command(plan_path: Path, bind: str, workers: int) -> None:
 @click.option("--gateway", "gateway_url", required=True, metavar="URL", help="e.g. http://127.0.0.1:8080")
 def deploy_command(plan_path: Path, gateway_url: str) -> None:
     """Send PLAN to a running gateway (token from LLMGW_ADMIN_TOKEN); it serves it at once."""
-    from llmgw.gateway.deploy import deploy
+    from llmgw.gateway.deploy import clear_text_warning, deploy
 
+    warning = clear_text_warning(gateway_url)
+    if warning:
+        click.echo(warning, err=True)
     digest = deploy(plan_path, gateway_url)
     click.echo(f"{gateway_url} now serves {digest}.")
 

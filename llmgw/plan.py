@@ -180,7 +180,21 @@ def parse_plan(text: str | bytes, where: str = "the plan") -> Plan:
         doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PlanError(f"{where} is not valid JSON ({exc}); write it with `llmgw plan`.") from None
-    return Plan.of(check_plan(doc, where))
+    except RecursionError:
+        # A deployed body is anyone's bytes: `[[[...` nested deeper than Python recurses
+        # escaped as a 500 with a traceback in the log.
+        raise PlanError(
+            f"{where} nests arrays or objects deeper than any plan does; write it with `llmgw plan`."
+        ) from None
+    try:
+        return Plan.of(check_plan(doc, where))
+    except UnicodeEncodeError:
+        # JSON may spell a lone surrogate (`"\ud800"`), which no UTF-8 file can hold: the
+        # digest, and the plan file itself, could not be written.
+        raise PlanError(
+            f"{where} holds a lone UTF-16 surrogate (an escape like \\ud800 without its pair), "
+            "which is not text; write it with `llmgw plan`."
+        ) from None
 
 
 def read_plan(path: Path | str) -> Plan:

@@ -136,6 +136,9 @@ class Access:
     async def process_response(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: Any, ok: bool
     ) -> None:
+        # Browsers must take each answer for the type it says: an engine's text guessed to
+        # be HTML would run as a page of the gateway's origin, beside the dashboard.
+        resp.set_header("X-Content-Type-Options", "nosniff")
         ctx = req.context
         if not hasattr(ctx, "request_id"):  # process_request never ran (falcon refused early)
             return

@@ -27,18 +27,87 @@ from llmgw.gateway.upstream import FastTransport
 log = logging.getLogger("llmgw.gateway")
 
 
-class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generic in request/response types
-    """Falcon's app, also handing the ASGI `receive` to resources through the scope.
+class BodyWatch:
+    """The ASGI `receive`, noting a client that leaves before its body's last part.
 
-    The proxy needs it to notice a client that goes away mid-answer: falcon itself only
-    notices that for its own SSE emitter, and then only after the next event arrives.
+    Falcon's request stream simply ends then, and what came reads like a whole body.
     """
+
+    __slots__ = ("_receive", "done", "cut")
+
+    def __init__(self, receive: Any) -> None:
+        self._receive = receive
+        self.done = False
+        self.cut = False
+
+    async def receive(self) -> dict[str, Any]:
+        event: dict[str, Any] = await self._receive()
+        kind = event["type"]
+        if kind == "http.request":
+            self.done = not event.get("more_body", False)
+        elif kind == "http.disconnect" and not self.done:
+            self.cut = True
+        return event
+
+
+class ClientStalled(Exception):
+    """A write to the client made no progress within the write timeout."""
+
+
+class TimedSend:
+    """The ASGI `send`, given up on when the client stops reading.
+
+    The server waits for room in the socket before each write, without limit: three clients
+    that asked for a stream and never read it held their engine connections (and so the
+    engines' generation slots) open long after the chunk timeout, since the relay only times
+    the engine. Raising here ends the request; the relay's `close` drops the engine
+    connection, and the server closes the client's.
+    """
+
+    __slots__ = ("_send", "timeout", "stalled")
+
+    def __init__(self, send: Any, timeout: float) -> None:
+        self._send = send
+        self.timeout = timeout
+        self.stalled = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.stalled:
+            raise ClientStalled
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._send(message)
+        except TimeoutError:
+            self.stalled = True
+            raise ClientStalled from None
+
+
+class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generic in request/response types
+    """Falcon's app, also handing the ASGI `receive` to resources through the scope, and
+    timing each write to the client (see `TimedSend`).
+
+    The proxy needs `receive` to notice a client that goes away mid-answer: falcon itself
+    only notices that for its own SSE emitter, and then only after the next event arrives.
+    """
+
+    write_timeout = 60.0
 
     async def __call__(  # type: ignore[override]
         self, scope: dict[str, Any], receive: Any, send: Any
     ) -> None:
-        scope["llmgw.receive"] = receive
-        await super().__call__(scope, receive, send)
+        if scope["type"] != "http":
+            scope["llmgw.receive"] = receive
+            await super().__call__(scope, receive, send)
+            return
+        body = scope["llmgw.body"] = BodyWatch(receive)
+        scope["llmgw.receive"] = body.receive
+        timed = scope["llmgw.send"] = TimedSend(send, self.write_timeout)
+        try:
+            await super().__call__(scope, body.receive, timed.send)
+        except ClientStalled:
+            # The response is unfinished: returning now has the server close the
+            # connection (and log that it did).
+            pass
 
 
 class Lifecycle:
@@ -92,6 +161,7 @@ def create_app(
     access = Access(state, api_keys, settings.access_log)
 
     app = _App(middleware=[Lifecycle(state, health, client, settings), access])
+    app.write_timeout = settings.chunk_timeout
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)
@@ -109,8 +179,8 @@ def create_app(
     ):
         app.add_route(path, Proxy(kind, client, health, settings, access))
     app.add_route("/healthz", Healthz())
-    app.add_route("/readyz", Readyz(state))
-    app.add_route("/metrics", Metrics(state))
+    app.add_route("/readyz", Readyz(state, settings.metrics_token))
+    app.add_route("/metrics", Metrics(state, settings.metrics_token))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
     _add_dashboard(app, state)
     return app

@@ -27,8 +27,15 @@ class Settings:
     health_failures: int = 3
     reload_interval: float = 0.5
     max_body_bytes: int = 8 * 1024 * 1024
+    # How the server itself is run (see gateway/worker.py).
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_connections: int = 4096
     api_keys_file: Path | None = None
     admin_token: str | None = None
+    metrics_token: str | None = None
     access_log: bool = True
 
 
@@ -39,8 +46,16 @@ _FLOATS = {
     "LLMGW_CHUNK_TIMEOUT": "chunk_timeout",
     "LLMGW_HEALTH_INTERVAL": "health_interval",
     "LLMGW_RELOAD_INTERVAL": "reload_interval",
+    "LLMGW_HEADER_TIMEOUT": "header_timeout",
+    "LLMGW_BODY_TIMEOUT": "body_timeout",
 }
-_INTS = {"LLMGW_HEALTH_FAILURES": "health_failures", "LLMGW_MAX_BODY_BYTES": "max_body_bytes"}
+_INTS = {
+    "LLMGW_HEALTH_FAILURES": "health_failures",
+    "LLMGW_MAX_BODY_BYTES": "max_body_bytes",
+    "LLMGW_MAX_HEADER_BYTES": "max_header_bytes",
+    "LLMGW_MAX_HEADERS": "max_headers",
+    "LLMGW_MAX_CONNECTIONS": "max_connections",
+}
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
@@ -62,6 +77,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["api_keys_file"] = Path(env["LLMGW_API_KEYS_FILE"])
     if env.get("LLMGW_ADMIN_TOKEN"):
         values["admin_token"] = env["LLMGW_ADMIN_TOKEN"]
+    if env.get("LLMGW_METRICS_TOKEN"):
+        values["metrics_token"] = env["LLMGW_METRICS_TOKEN"]
     if env.get("LLMGW_ACCESS_LOG", "").lower() in ("0", "off", "false", "no"):
         values["access_log"] = False
     return Settings(**values)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ picks it up; this side only reads the file, sends it, and turns the answer into 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import urlparse
@@ -79,3 +80,27 @@ def _reason(answer: httpx.Response) -> str:
         return str(answer.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return answer.text.strip()[:500] or answer.reason_phrase
+
+
+def clear_text_warning(gateway: str) -> str | None:
+    """A sentence for the person deploying when the admin token would cross a network in
+    clear: http:// to anything but this machine. None for https or loopback."""
+    try:
+        url = httpx.URL(gateway)
+    except httpx.InvalidURL:
+        return None  # deploy says what is wrong with it
+    if url.scheme != "http" or _is_loopback(url.host):
+        return None
+    return (
+        f"warning: {gateway} is plain http on another machine, so LLMGW_ADMIN_TOKEN travels "
+        "in clear and anyone on the path can deploy with it; put the gateway behind https."
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: where it leads is up to DNS, so it may be anywhere

@@ -7,8 +7,9 @@ answers.
 
 prometheus_client cannot remove a series from those files, so series about what is no
 longer served are left out when /metrics answers instead: a plan digest a worker has moved
-on from (its gauge is 0), and replicas the plan no longer lists. Kept, they piled up with
-every reload, and a removed replica looked like one still in rotation.
+on from (its gauge is 0), replicas the plan no longer lists, and models it no longer has.
+Kept, they piled up with every reload, and a removed replica looked like one still in
+rotation.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ PREFIX_ROUTES = Counter(
 RELOADS = Counter("llmgw_plan_reloads", "Plan reloads, by result (loaded or refused).", ["result"])
 
 
-def exposition(replicas: Collection[str]) -> tuple[bytes, str]:
-    """The text /metrics answers; `replicas` are the endpoints the served plan lists."""
+def exposition(replicas: Collection[str], models: Collection[str] = ()) -> tuple[bytes, str]:
+    """The text /metrics answers; `replicas` are the endpoints the served plan lists, and
+    `models` its model names."""
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     registry: Collector = _DEFAULT
     if directory:
@@ -94,15 +96,18 @@ def exposition(replicas: Collection[str]) -> tuple[bytes, str]:
         registry = CollectorRegistry()
         # prometheus_client's multiprocess module carries no annotations.
         multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
-    return generate_latest(_Served(registry, replicas)), CONTENT_TYPE_LATEST
+    return generate_latest(_Served(registry, replicas, models)), CONTENT_TYPE_LATEST
 
 
 class _Served:
-    """A registry's metrics less the series about digests and replicas no longer served."""
+    """A registry's metrics less the series about digests, replicas and models no longer
+    served."""
 
-    def __init__(self, registry: Collector, replicas: Collection[str]) -> None:
+    def __init__(self, registry: Collector, replicas: Collection[str], models: Collection[str]) -> None:
         self.registry = registry
         self.replicas = replicas
+        # "unknown": requests refused before a model was known (a bad body, a wrong key).
+        self.models = {*models, "unknown"}
 
     def collect(self) -> Iterable[Metric]:
         for metric in self.registry.collect():
@@ -110,4 +115,17 @@ class _Served:
                 metric.samples = [s for s in metric.samples if s.value != 0]
             elif metric.name == "llmgw_replica_healthy":
                 metric.samples = [s for s in metric.samples if s.labels.get("replica") in self.replicas]
+            elif metric.name in _BY_MODEL:
+                metric.samples = [s for s in metric.samples if s.labels.get("model") in self.models]
             yield metric
+
+
+# Metric families (as collected, without _total) whose series are per model.
+_BY_MODEL = frozenset(
+    {
+        "llmgw_requests",
+        "llmgw_request_duration_seconds",
+        "llmgw_time_to_first_byte_seconds",
+        "llmgw_prefix_routes",
+    }
+)

@@ -1,13 +1,15 @@
 """POST /v1/chat/completions, /v1/completions and /v1/embeddings: check, route, relay.
 
 The request is checked against the model before any replica is bothered. Then replicas are
-tried best first (see routing.Model.candidates): a refused connection or a 5xx moves on to
-the next, because the client has seen nothing yet. The response status goes to the client
-only once the engine's first body byte has arrived: engines send their headers before the
-prompt is processed (vLLM does), so a status sent with them would turn a first-byte timeout
-into "200, then an error event" and rule out trying another replica. Once an answer has
-started, its bytes go to the client as they arrive and nothing is retried, since a client
-cannot un-read a token.
+tried best first (see routing.Model.candidates): a refused connection or a 502/503/504 moves
+on to the next, because the client has seen nothing yet. Any other 5xx may be the request's
+own doing: it is tried once more elsewhere, and fails the replica only if another replica
+answers; failed twice, the client gets the engine's own error. The response status goes to
+the client only once the engine's first body byte has arrived: engines send their headers
+before the prompt is processed (vLLM does), so a status sent with them would turn a
+first-byte timeout into "200, then an error event" and rule out trying another replica.
+Once an answer has started, its bytes go to the client as they arrive and nothing is
+retried, since a client cannot un-read a token.
 
 Two clocks: the first-byte timeout runs once, from when a replica is asked until its first
 body byte (headers included); after that, each wait between chunks has the chunk timeout.
@@ -36,6 +38,7 @@ from llmgw.gateway.access import Access
 from llmgw.gateway.config import Settings
 from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
+from llmgw.gateway.rename import EventRename, JsonRename
 from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, prefix_key
 
 log = logging.getLogger("llmgw.gateway")
@@ -52,6 +55,13 @@ _NOT_TAKEN = (
     httpx.ReadError,
     httpx.WriteError,
 )
+
+
+# Statuses that say the replica, not the request, is in trouble (a proxy or the engine
+# itself cannot serve now): retried elsewhere, and counted against the replica at once.
+# Any other 5xx may be the request's own doing; see `Proxy._blame`.
+_REPLICA_TROUBLE = frozenset({502, 503, 504})
+_ERROR_LIMIT = 1 << 20
 
 
 class Disconnect:
@@ -144,12 +154,21 @@ class Proxy:
         ctx.streaming = True
         upstream = answer.upstream
         resp.status = upstream.status_code
-        headers = upstream.headers
-        resp.content_type = headers.get("content-type", falcon.MEDIA_JSON)
-        length = headers.get("content-length")
-        if length is not None and length.isdigit():
-            resp.content_length = int(length)
-        resp.stream = Relay(self, req, answer, watch)
+        # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
+        # would have a browser render its bytes as a page of this gateway's origin.
+        rename: EventRename | JsonRename
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            resp.content_type = "text/event-stream"
+            rename = EventRename(requested)
+            answer.first = rename.feed(answer.first)
+        else:
+            resp.content_type = falcon.MEDIA_JSON
+            rename = JsonRename(requested)
+            answer.first = rename.feed(answer.first)
+            length = upstream.headers.get("content-length")
+            if rename.done and length is not None and length.isdigit():
+                resp.content_length = int(length) + rename.growth
+        resp.stream = Relay(self, req, answer, watch, rename)
 
     async def _open(
         self,
@@ -165,62 +184,55 @@ class Proxy:
         rewritten: dict[str, bytes] = {}
         tried = 0
         last = ""
-        for profile, replica in model.candidates(key):
-            tried += 1
-            served = profile.served_name
-            if served == requested:
-                content = body
-            else:
-                content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
-                rewritten[served] = content
-            outgoing = httpx.Request(
-                "POST",
-                replica.urls[self.kind],
-                headers=headers,
-                content=content,
-                extensions={"timeout": dict(self.timeouts)},
-            )
-            replica.inflight += 1
-            try:
-                answer = await self._attempt(outgoing, replica, watch)
-            except _NOT_TAKEN as exc:
-                replica.inflight -= 1
-                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
-                self.health.failed(replica, f"request failed: {type(exc).__name__}")
-                last = f"{replica.endpoint} could not be reached ({type(exc).__name__})"
-                continue
-            except (TimeoutError, httpx.TimeoutException):
-                replica.inflight -= 1
-                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
-                raise ApiError(
-                    504,
-                    f"{model.name} did not start answering within {self.first_byte_timeout:g}s "
-                    f"(replica {replica.endpoint}). Retry, or raise LLMGW_FIRST_BYTE_TIMEOUT "
-                    "if long prompts are normal here.",
-                    type="timeout_error",
-                    code="upstream_timeout",
-                ) from None
-            except httpx.HTTPError as exc:
-                replica.inflight -= 1
-                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
-                last = f"{replica.endpoint} failed ({type(exc).__name__})"
-                continue
-            except asyncio.CancelledError:
-                replica.inflight -= 1
-                if watch.absorb():
-                    raise ApiError(CLIENT_GONE, "client went away") from None
-                raise
-            status = answer.upstream.status_code
-            if status >= 500:
-                await answer.upstream.aclose()
-                replica.inflight -= 1
-                metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
-                self.health.failed(replica, f"answered {status}")
-                last = f"{replica.endpoint} answered {status}"
-                continue
-            replica.failures = 0
+        # The first 500 from a live engine, held until another replica has had the request:
+        # only then is it known whose fault it was (see `_blame`).
+        faulted: Answer | None = None
+        try:
+            for profile, replica in model.candidates(key):
+                tried += 1
+                served = profile.served_name
+                if served == requested:
+                    content = body
+                else:
+                    content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
+                    rewritten[served] = content
+                outgoing = httpx.Request(
+                    "POST",
+                    replica.urls[self.kind],
+                    headers=headers,
+                    content=content,
+                    extensions={"timeout": dict(self.timeouts)},
+                )
+                answer = await self._ask(model, replica, outgoing, watch)
+                if isinstance(answer, str):  # not taken: why
+                    last = answer
+                    continue
+                status = answer.upstream.status_code
+                if status >= 500:
+                    metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
+                    if faulted is None:
+                        faulted = answer
+                        last = f"{replica.endpoint} answered {status}"
+                        continue
+                    # A second engine failed the same request: the request is the cause.
+                    # The client gets the first engine's own words, and no replica is marked.
+                    replica.inflight -= 1
+                    break
+                if faulted is not None:
+                    self._blame(faulted, replica)
+                    faulted = None
+                replica.failures = 0
+                ctx.ttfb = time.perf_counter() - ctx.start
+                return answer
+        except BaseException:
+            if faulted is not None:
+                faulted.replica.inflight -= 1
+            raise
+        if faulted is not None:
+            # Failed everywhere it was tried (perhaps its one replica): the engine's own
+            # error says more than a 502 would.
             ctx.ttfb = time.perf_counter() - ctx.start
-            return answer
+            return faulted
         if not tried:
             raise ApiError(
                 503,
@@ -239,6 +251,58 @@ class Proxy:
             code="upstream_unreachable",
         )
 
+    async def _ask(
+        self, model: Model, replica: Replica, outgoing: httpx.Request, watch: Disconnect
+    ) -> Answer | str:
+        """One replica's answer (counted in flight until it is done with), or why the
+        replica did not take the request; ApiError when no other replica may be tried."""
+        replica.inflight += 1
+        try:
+            answer = await self._attempt(outgoing, replica, watch)
+        except _NOT_TAKEN as exc:
+            replica.inflight -= 1
+            metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
+            self.health.failed(replica, f"request failed: {type(exc).__name__}")
+            return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
+        except (TimeoutError, httpx.TimeoutException):
+            replica.inflight -= 1
+            metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
+            raise ApiError(
+                504,
+                f"{model.name} did not start answering within {self.first_byte_timeout:g}s "
+                f"(replica {replica.endpoint}). Retry, or raise LLMGW_FIRST_BYTE_TIMEOUT "
+                "if long prompts are normal here.",
+                type="timeout_error",
+                code="upstream_timeout",
+            ) from None
+        except httpx.HTTPError as exc:
+            replica.inflight -= 1
+            metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
+            return f"{replica.endpoint} failed ({type(exc).__name__})"
+        except asyncio.CancelledError:
+            replica.inflight -= 1
+            if watch.absorb():
+                raise ApiError(CLIENT_GONE, "client went away") from None
+            raise
+        status = answer.upstream.status_code
+        if status in _REPLICA_TROUBLE:
+            await answer.upstream.aclose()
+            replica.inflight -= 1
+            metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
+            self.health.failed(replica, f"answered {status}")
+            return f"{replica.endpoint} answered {status}"
+        return answer
+
+    def _blame(self, faulted: Answer, other: Replica) -> None:
+        """`other` answered the request `faulted`'s replica failed: the replica is at fault.
+
+        Only then: any 5xx once counted against a replica, and six requests whose content
+        made the engine fail took a healthy replica out of rotation for everyone.
+        """
+        faulted.replica.inflight -= 1
+        status = faulted.upstream.status_code
+        self.health.failed(faulted.replica, f"answered {status} to a request {other.endpoint} answered")
+
     async def _attempt(self, outgoing: httpx.Request, replica: Replica, watch: Disconnect) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
         here, within one first-byte allowance for the headers and that byte together."""
@@ -248,8 +312,14 @@ class Proxy:
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.client.send(outgoing, stream=True)
                 chunks = upstream.aiter_raw()
-                if upstream.status_code >= 500:
+                if upstream.status_code in _REPLICA_TROUBLE:
                     return Answer(upstream, replica, chunks, b"")  # not read: it is retried
+                if upstream.status_code >= 500:
+                    # Read whole, in case it is passed on: whether it is, only the next
+                    # replica's answer can tell.
+                    error = await _read_error(chunks)
+                    await upstream.aclose()
+                    return Answer(upstream, replica, _nothing(), error)
                 first = await anext(chunks, b"")
         except BaseException:
             watch.waiting = False
@@ -260,6 +330,22 @@ class Proxy:
         finally:
             watch.waiting = False
         return Answer(upstream, replica, chunks, first)
+
+
+async def _read_error(chunks: AsyncIterator[bytes]) -> bytes:
+    parts, total = [], 0
+    async for part in chunks:
+        total += len(part)
+        if total > _ERROR_LIMIT:
+            # No engine explains itself at this length: taken as a replica in trouble.
+            raise httpx.RemoteProtocolError(f"a 5xx answer over {_ERROR_LIMIT} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield  # an async generator that yields nothing
 
 
 class Answer:
@@ -284,9 +370,15 @@ class Relay:
     """
 
     def __init__(
-        self, proxy: Proxy, req: falcon.asgi.Request, answer: Answer, watch: Disconnect
+        self,
+        proxy: Proxy,
+        req: falcon.asgi.Request,
+        answer: Answer,
+        watch: Disconnect,
+        rename: JsonRename | EventRename,
     ) -> None:
         self.proxy = proxy
+        self.rename = rename
         self.req = req
         self.upstream = answer.upstream
         self.replica = answer.replica
@@ -305,12 +397,21 @@ class Relay:
         if self.first is not None:
             first, self.first = self.first, None
             return first
+        while True:  # a chunk the rename holds on to is not worth a send of nothing
+            chunk = await self._next()
+            if chunk:
+                return chunk
+
+    async def _next(self) -> bytes:
         self.watch.waiting = True
         try:
             async with asyncio.timeout(self.proxy.chunk_timeout):
-                chunk = await self.chunks.__anext__()
+                chunk = self.rename.feed(await self.chunks.__anext__())
         except StopAsyncIteration:
+            rest = self.rename.flush()
             await self.close()
+            if rest:
+                return rest
             raise
         except asyncio.CancelledError:
             if not self.watch.absorb():
@@ -349,6 +450,15 @@ class Relay:
         if self.closed:
             return
         self.closed = True
+        timed = self.req.scope.get("llmgw.send")
+        if timed is not None and timed.stalled:
+            self.status = CLIENT_GONE
+            log.warning(
+                "client of request %s read nothing for %gs; its answer from %s was cut off",
+                self.req.context.request_id,
+                timed.timeout,
+                self.replica.endpoint,
+            )
         self.watch.stop()
         self.replica.inflight -= 1
         try:
@@ -360,25 +470,77 @@ class Relay:
 
 
 async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> bytes:
-    """The whole body; 413 saying `too_large` once it is over `limit` bytes, declared or not."""
+    """The whole body; 413 saying `too_large` once it is over `limit` bytes, declared or not;
+    400 when the client left before sending all of it."""
     length = req.content_length
     if length is not None and length > limit:
         raise ApiError(413, too_large, code="request_too_large")
     if length is not None:
-        return bytes(await req.stream.read())
-    parts, total = [], 0  # chunked upload: count as it comes
-    async for part in req.stream:
-        total += len(part)
-        if total > limit:
-            raise ApiError(413, too_large, code="request_too_large")
-        parts.append(part)
-    return b"".join(parts)
+        body = bytes(await req.stream.read())
+    else:
+        parts, total = [], 0  # chunked upload: count as it comes
+        async for part in req.stream:
+            total += len(part)
+            if total > limit:
+                raise ApiError(413, too_large, code="request_too_large")
+            parts.append(part)
+        body = b"".join(parts)
+    # The server ends the stream when the client goes away, and the part that came looks
+    # like a whole body: a deploy cut short was refused as a bad plan, and a request cut
+    # at the right place went to an engine.
+    body_watch = req.scope.get("llmgw.body")
+    if (length is not None and len(body) < length) or (body_watch is not None and body_watch.cut):
+        announced = f" of the {length} its Content-Length announced" if length is not None else ""
+        raise ApiError(
+            400,
+            f"The request body was cut short: the connection closed after {len(body)} bytes"
+            f"{announced}. Send the whole body again.",
+            code="body_cut_short",
+        )
+    return body
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen.add(key)
+    raise AssertionError("unreachable: fewer keys than pairs means one repeats")
 
 
 def _parse(body: bytes) -> dict[str, Any]:
+    # One reading of the body, the same one every engine makes: the gateway checks the
+    # body it parsed and forwards the bytes, so bytes an engine could read differently
+    # (another encoding, a key given twice) must not pass.
     try:
-        request = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ApiError(
+            400, "The request body is not UTF-8; send JSON encoded as UTF-8, as the OpenAI API expects."
+        ) from None
+    try:
+        request = json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise ApiError(
+            400,
+            f"The request body gives `{exc}` more than once in one object; engines differ on which "
+            "one counts, so send each field once.",
+            param=str(exc),
+            code="duplicate_key",
+        ) from None
+    except RecursionError:
+        raise ApiError(
+            400, "The request body nests arrays or objects too deeply to read; no API request needs that."
+        ) from None
+    except ValueError as exc:
         raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
     if not isinstance(request, dict):
         raise ApiError(400, 'The request body must be a JSON object, e.g. {"model": ...}.')
@@ -405,14 +567,21 @@ def _article(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
 
 
+# Every field an engine takes as the answer's length limit: vLLM reads the first two,
+# llama.cpp all three. Checking only the OpenAI ones let `n_predict` past max_output.
+_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict")
+
+
 def _check_max_tokens(model: Model, request: dict[str, Any]) -> None:
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in _TOKEN_LIMITS:
         value = request.get(field)
         if value is None:
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        # llama.cpp reads n_predict -1 as "no limit": fine where the model sets none.
+        unlimited = field == "n_predict" and value == -1
+        if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and not unlimited):
             raise ApiError(400, f"`{field}` must be a positive whole number.", param=field)
-        if model.max_output is not None and value > model.max_output:
+        if model.max_output is not None and (unlimited or value > model.max_output):
             raise ApiError(
                 400,
                 f"`{field}` is {value}, but {model.name} writes at most {model.max_output} tokens "

@@ -132,9 +132,9 @@ class PlanState:
         every worker and the next start read it."""
         async with self._changing:
             try:
-                table = self._table_for(
-                    parse_plan(text, where="the deployed plan"), created=int(time.time())
-                )
+                # Off the event loop, as the watcher's check is: a 5 MB plan took 2.5 s to
+                # check, and every request on this worker waited for it.
+                table = await asyncio.to_thread(self._check_deployed, text)
             except PlanError as exc:
                 # Recorded as a refused plan file is: whoever watches the dashboard or
                 # /readyz is often not the one who ran `llmgw deploy` and saw the 422.
@@ -150,6 +150,9 @@ class PlanState:
             self._signature = _signature(self.path)
             self._adopt(table)
             return self.table.digest
+
+    def _check_deployed(self, text: bytes) -> RouteTable:
+        return self._table_for(parse_plan(text, where="the deployed plan"), created=int(time.time()))
 
     def _table_for(self, plan: Plan, created: int) -> RouteTable:
         return RouteTable.from_plan(plan, created=created, replicas_before=self.table.replicas)

@@ -41,6 +41,25 @@ class Healthz:
         resp.data = b'{"status":"alive"}'
 
 
+def check_metrics_token(token: str | None, authorization: str | None) -> None:
+    """Nothing when no token is set (the default); else 401 unless `authorization` holds it.
+
+    /metrics and /readyz show replica endpoints, worker pids and the refusal reasons, which
+    name file paths: fine inside the cluster, not for whoever can reach the gateway.
+    """
+    if not token:
+        return
+    given = bearer_token(authorization) or ""
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise ApiError(
+            401,
+            "This endpoint needs `Authorization: Bearer <LLMGW_METRICS_TOKEN>`; "
+            "configure the scraper or probe to send it.",
+            type="authentication_error",
+            code="invalid_metrics_token",
+        )
+
+
 class Readyz:
     """GET /readyz: which plan this worker serves, since when, and any refused reload.
 
@@ -48,10 +67,12 @@ class Readyz:
     taken when every worker has said so, not when the first one does.
     """
 
-    def __init__(self, state: PlanState) -> None:
+    def __init__(self, state: PlanState, token: str | None = None) -> None:
         self.state = state
+        self.token = token
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        check_metrics_token(self.token, req.get_header("Authorization"))
         state = self.state
         doc = {
             "status": "ready",
@@ -68,11 +89,14 @@ class Readyz:
 
 
 class Metrics:
-    def __init__(self, state: PlanState) -> None:
+    def __init__(self, state: PlanState, token: str | None = None) -> None:
         self.state = state
+        self.token = token
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        resp.data, resp.content_type = metrics.exposition(self.state.table.replicas)
+        check_metrics_token(self.token, req.get_header("Authorization"))
+        table = self.state.table
+        resp.data, resp.content_type = metrics.exposition(table.replicas, table.models)
 
 
 class AdminPlan:

@@ -31,7 +31,9 @@ def gunicorn_argv(bind: str, workers: int) -> list[str]:
         "gunicorn",
         "llmgw.gateway.asgi:app",
         "--worker-class",
-        "uvicorn_worker.UvicornWorker",
+        # uvicorn's worker, with limits on header size and count, header and body read
+        # timeouts, and a cap on connections (see gateway/worker.py).
+        "llmgw.gateway.worker.Worker",
         "--workers",
         str(workers),
         "--bind",

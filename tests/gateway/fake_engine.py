@@ -15,9 +15,13 @@ misbehaviour through body fields the gateway passes through untouched:
                       its headers before the prompt is processed)
     fake_chunks       number of streamed chunks (default 3)
     fake_chunk_delay  seconds between streamed chunks
+    fake_chunk_bytes  pad each streamed chunk's text to about this many bytes
     fake_hangup_after close the connection after this many streamed chunks (0: right
                       after the headers)
     fake_only         misbehave only on the engine of this name; others answer normally
+    fake_content_type the Content-Type of a non-streamed answer (default application/json)
+    fake_model        the model an answer names, as a llama-server without --alias names
+                      its weights file (default: the model it was sent)
 
 GET /fake/stats reports requests seen, streams whose client went away, and models seen.
 POST /fake/health with {"status": 503} changes what GET /health answers from then on.
@@ -174,9 +178,11 @@ class _Connection(asyncio.Protocol):
             )
             return None
         kind = _KINDS[path]
+        model = str(request.get("fake_model") or model)
         if request.get("stream") or request.get("fake_delay_first") or request.get("fake_delay_body"):
             return {"kind": kind, "model": model, "request": request}
-        self._write(200, _complete(kind, model, engine.name, request))
+        content_type = str(request.get("fake_content_type") or "application/json").encode()
+        self._write(200, _complete(kind, model, engine.name, request), content_type)
         return None
 
     async def _answer_later(self, job: dict[str, Any]) -> None:
@@ -207,6 +213,7 @@ class _Connection(asyncio.Protocol):
         chunks = int(request.get("fake_chunks") or 3)
         pause = float(request.get("fake_chunk_delay") or 0)
         hangup = request.get("fake_hangup_after")
+        padding = "x" * int(request.get("fake_chunk_bytes") or 0)
         for i in range(chunks):
             if i and pause:
                 await asyncio.sleep(pause)
@@ -216,7 +223,8 @@ class _Connection(asyncio.Protocol):
             if hangup is not None and i == int(hangup):
                 self.transport.close()
                 return
-            event = b"data: " + json.dumps(_chunk(kind, model, self.engine.name, i)).encode() + b"\n\n"
+            data = _chunk(kind, model, self.engine.name, i, padding)
+            event = b"data: " + json.dumps(data).encode() + b"\n\n"
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
         done = b"data: [DONE]\n\n"
         self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
@@ -269,11 +277,11 @@ def _complete(kind: str, model: str, name: str, request: dict[str, Any]) -> byte
     ).encode()
 
 
-def _chunk(kind: str, model: str, name: str, i: int) -> dict[str, Any]:
+def _chunk(kind: str, model: str, name: str, i: int, padding: str = "") -> dict[str, Any]:
     if kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
-            "delta": {"content": f"tok{i} "},
+            "delta": {"content": f"tok{i} {padding}"},
             "finish_reason": None,
         }
         obj = "chat.completion.chunk"

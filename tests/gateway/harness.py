@@ -191,7 +191,7 @@ class Gateway:
 
         def done() -> bool:
             with httpx.Client(timeout=10) as fresh:  # a new connection, so maybe a new worker
-                ready = fresh.get(self.url + "/readyz").json()
+                ready = fresh.get(self.url + "/readyz", headers=self.probe_headers()).json()
             latest[ready["pid"]] = ready
             pids = self.worker_pids()
             # Fewer than started: gunicorn is still forking them, or replacing one.
@@ -202,6 +202,11 @@ class Gateway:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nworkers {self.worker_pids()} answered {latest}") from None
         return latest
+
+    def probe_headers(self) -> dict[str, str]:
+        """What /readyz and /metrics need: the metrics token, when the gateway has one."""
+        token = self.env.get("LLMGW_METRICS_TOKEN")
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def access_lines(self) -> list[dict[str, Any]]:
         lines = []
@@ -227,9 +232,11 @@ def wait_until(check: Any, timeout: float, what: str) -> Any:
 
 
 @contextlib.contextmanager
-def gateway(plan_path: Path, workers: int = 2, log_dir: Path | None = None, **env: str) -> Iterator[Gateway]:
-    port = free_port()
-    bind = f"127.0.0.1:{port}"
+def gateway(
+    plan_path: Path, workers: int = 2, log_dir: Path | None = None, host: str = "127.0.0.1", **env: str
+) -> Iterator[Gateway]:
+    port = free_port(host)
+    bind = f"{host}:{port}"
     full_env = serve_environment(
         plan_path,
         subprocess_env(

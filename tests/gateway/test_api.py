@@ -159,22 +159,23 @@ def test_v1_itself_is_answered_as_part_of_the_api(gw: Gateway) -> None:
 # --- proxying ------------------------------------------------------------------------------
 
 
-def test_chat_by_alias_reaches_the_replica_under_its_served_name(gw: Gateway) -> None:
+def test_chat_by_alias_reaches_the_replica_under_its_served_name(gw: Gateway, engine_a: Engine) -> None:
     answer = post(gw, "/v1/chat/completions", chat("alias-a"))
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["system_fingerprint"] == "a"
-    assert body["model"] == "served-a", "the engine must be sent the name it serves"
+    assert engine_a.stats()["models_seen"][-1] == "served-a", "the engine must be sent the name it serves"
+    assert body["model"] == "alias-a", "the answer names the model the client asked for"
     assert body["choices"][0]["message"]["content"] == "hello from a"
 
 
-def test_completions_and_embeddings_are_proxied(gw: Gateway) -> None:
+def test_completions_and_embeddings_are_proxied(gw: Gateway, engine_a: Engine) -> None:
     done = post(gw, "/v1/completions", {"model": "base", "prompt": "once upon"})
     assert done.status_code == 200 and done.json()["object"] == "text_completion"
     embedded = post(gw, "/v1/embeddings", {"model": "embed", "input": ["x", "y"]})
     assert embedded.status_code == 200
     assert len(embedded.json()["data"]) == 2
-    assert embedded.json()["model"] == "embed-x"
+    assert engine_a.stats()["models_seen"][-1] == "embed-x"
 
 
 def test_streamed_chunks_arrive_as_the_engine_sends_them(gw: Gateway) -> None:
@@ -233,10 +234,11 @@ def test_a_replica_answering_500_is_retried_on_another(gw: Gateway) -> None:
         assert answer.json()["system_fingerprint"] == "b"
 
 
-def test_the_next_priority_serves_when_the_first_is_down(gw: Gateway) -> None:
+def test_the_next_priority_serves_when_the_first_is_down(gw: Gateway, engine_b: Engine) -> None:
     answer = post(gw, "/v1/chat/completions", chat("tiered"))
     assert answer.status_code == 200, answer.text
-    assert answer.json()["model"] == "tiered-cpu"
+    assert answer.json()["system_fingerprint"] == "b"
+    assert engine_b.stats()["models_seen"][-1] == "tiered-cpu"
 
 
 def test_an_unreachable_model_is_502_then_503_with_retry_after(gw: Gateway) -> None:

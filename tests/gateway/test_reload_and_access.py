@@ -118,7 +118,8 @@ def test_a_replaced_plan_is_served_by_every_worker_and_no_request_fails(
             timeout=30,
             json={"model": "chat", "messages": []},
         )
-        assert answer.json()["model"] == "chat-on-b"
+        assert answer.json()["system_fingerprint"] == "b"
+        assert "chat-on-b" in engine_b.stats()["models_seen"], "sent under the new plan's name"
         assert answer.headers[DIGEST_HEADER] == new["digest"]
     assert hammer.count > 0
     assert not hammer.failures, hammer.failures[:5]

@@ -8,13 +8,14 @@ what a test sees is the request path's own doing: a dead replica is still tried 
 from __future__ import annotations
 
 import json
+import socket
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from harness import Engine, Gateway, dead_endpoint, gateway, model, plan, profile, write_plan
+from harness import Engine, Gateway, dead_endpoint, gateway, model, plan, profile, wait_until, write_plan
 
 FIRST_BYTE = 1
 CHUNK = 3
@@ -126,10 +127,16 @@ def test_every_replica_unreachable_is_502(gw: Gateway) -> None:
         assert answer.json()["error"]["code"] == "upstream_unreachable"
 
 
-def test_every_replica_answering_5xx_is_502(gw: Gateway) -> None:
-    answer = stream(gw, "tiered", fake_status=500)
+def test_every_replica_answering_502_is_502(gw: Gateway) -> None:
+    answer = stream(gw, "tiered", fake_status=502)
     assert answer.status_code == 502, answer.text
     assert answer.json()["error"]["code"] == "upstream_unreachable"
+
+
+def test_every_replica_answering_500_passes_on_the_engines_own_error(gw: Gateway) -> None:
+    answer = stream(gw, "tiered", fake_status=500)
+    assert answer.status_code == 500, answer.text
+    assert "told to fail" in answer.json()["error"]["message"], "the engine's words are the useful ones"
 
 
 # --- weights -------------------------------------------------------------------------------
@@ -154,3 +161,34 @@ def test_profiles_of_one_priority_share_requests_by_weight(gw: Gateway) -> None:
 def test_a_weight_zero_profile_gets_nothing_while_the_others_are_healthy(gw: Gateway) -> None:
     seen = served_by(gw, "standby", 60)
     assert seen == Counter(a=60), f"weight 0 is a standby, yet it served {dict(seen)}"
+
+
+# --- clients --------------------------------------------------------------------------------
+
+
+def test_a_client_that_never_reads_its_stream_frees_the_engine(gw: Gateway, engine_b: Engine) -> None:
+    before = engine_b.stats()["disconnects"]
+    seen = len(gw.access_lines())
+    # About 30 MB over 30 s, far more than the sockets between here and the engine hold.
+    body = json.dumps(
+        {"model": "plain", "messages": [], "stream": True, "fake_chunks": 3000,
+         "fake_chunk_delay": 0.01, "fake_chunk_bytes": 10_000}
+    ).encode()
+    host, port = gw.url.removeprefix("http://").split(":")
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((host, int(port)))
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        # Read nothing. The engine must learn the answer is not wanted within about the
+        # chunk timeout of the client's socket filling up, not when its 30 s are over.
+        wait_until(
+            lambda: engine_b.stats()["disconnects"] > before,
+            CHUNK + 15,
+            "the engine's connection to close while the client reads nothing",
+        )
+    lines = [line for line in gw.access_lines()[seen:] if line.get("model") == "plain"]
+    assert lines and lines[-1]["status"] == 499, lines
+    assert "read nothing for" in gw.log()

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from llmgw.schema import load_schema
 from tests.unit.helpers import by_rule, model_yaml, run
 
 
@@ -201,3 +202,36 @@ def test_a_bad_optional_key_that_changes_meaning_is_not_set_aside(tmp_path):
     bad_selector = model_yaml("b", selector="{pool: 5}")
     result = run(tmp_path, {"a.yaml": bad_endpoint, "b.yaml": bad_selector})
     assert sorted(f.rule for f in result.findings) == ["schema", "schema"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "profile_extra"),
+    [
+        ('aliases: ["a\\n"]\n', ""),
+        ("", '    endpoints: ["http://127.0.0.1:8000\\n"]\n'),
+    ],
+    ids=["alias", "endpoint"],
+)
+def test_a_value_ending_in_a_newline_fails_lint_rather_than_the_gateway(tmp_path, extra, profile_extra):
+    # Python's `$` also matches before a final newline: these passed lint, and the gateway
+    # then refused the plan they were in.
+    result = run(tmp_path, {"a.yaml": model_yaml(weights=None if profile_extra else 4_920_734_016,
+                                                  extra=extra, profile_extra=profile_extra)})
+    assert by_rule(result, "schema"), f"a trailing newline passed lint: {result.findings}"
+
+
+def test_every_anchored_schema_pattern_refuses_a_final_newline():
+    def patterns(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                yield node["pattern"]
+            for value in node.values():
+                yield from patterns(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from patterns(value)
+
+    for name in ("model", "fleet", "plan"):
+        for pattern in patterns(load_schema(name)):
+            if pattern.endswith("$") or "$(" in pattern:
+                assert pattern.endswith(r"$(?!\n)"), f"{name}: {pattern} lets a final newline through"

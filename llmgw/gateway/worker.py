@@ -1,0 +1,165 @@
+"""The gunicorn worker `llmgw serve` runs: uvicorn's, with limits on what a client may hold.
+
+uvicorn's httptools protocol caps neither the size nor the number of request headers, and
+times neither a connection that sends nothing nor a request that stops halfway: four
+connections sending 10 MB of headers took a worker to 527 MB, and a connection that sent
+half its headers stayed open for good. These limits are the server's business, not the
+app's, so they live in the protocol the worker runs:
+
+    request line and headers   LLMGW_MAX_HEADER_BYTES in all, LLMGW_MAX_HEADERS lines: else 431
+    headers, from the first byte of a request (or the connection's opening) to their end:
+                               LLMGW_HEADER_TIMEOUT: else 408 and the connection closed
+    body                       at most LLMGW_BODY_TIMEOUT without a byte: the connection closed
+    connections per worker     LLMGW_MAX_CONNECTIONS: past it, uvicorn answers 503
+
+Idle time between requests on a kept-alive connection is gunicorn's --keep-alive, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn_worker import UvicornWorker
+
+from llmgw.gateway.config import Settings, settings_from_env
+
+log = logging.getLogger("llmgw.gateway")
+
+
+class _Refused(Exception):
+    """Raised in a parser callback to stop parsing a request that is over a limit."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    # Set per worker by `limited_protocol`, from the settings.
+    max_header_bytes = 65536
+    max_headers = 100
+    header_timeout = 10.0
+    body_timeout = 30.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_bytes = 0
+        self._head_lines = 0
+        self._refusal: tuple[int, str] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        # A connection that never sends a byte is held to the same limit as half a header.
+        self._arm(self.header_timeout, self._header_expired)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    # Parser callbacks
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        self._head_lines = 0
+        self._arm(self.header_timeout, self._header_expired)
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url), 0)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value), 1)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._arm(self.body_timeout, self._body_expired)
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._arm(self.body_timeout, self._body_expired)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    # Limits
+    def _count(self, size: int, lines: int) -> None:
+        self._head_bytes += size
+        self._head_lines += lines
+        if self._head_bytes > self.max_header_bytes:
+            self._refusal = (431, f"Request headers over {self.max_header_bytes} bytes.")
+        elif self._head_lines > self.max_headers:
+            self._refusal = (431, f"More than {self.max_headers} request headers.")
+        else:
+            return
+        # httptools wraps this in an HttpParserError, which uvicorn answers with
+        # `send_400_response`: overridden below to send the refusal instead.
+        raise _Refused
+
+    def send_400_response(self, msg: str) -> None:
+        status, message = self._refusal or (400, msg)
+        self._refusal = None
+        self._disarm()
+        self._answer_and_close(status, message)
+
+    def _header_expired(self) -> None:
+        self._timer = None
+        self._answer_and_close(408, f"Request headers not received within {self.header_timeout:g}s.")
+
+    def _body_expired(self) -> None:
+        self._timer = None
+        if self.flow.read_paused:
+            # The app has not asked for more yet: the wait is not the client's.
+            self._arm(self.body_timeout, self._body_expired)
+            return
+        # The app is reading this body: closing tells it the body was cut short, and it
+        # answers (to no one) and logs that.
+        self.transport.close()
+
+    def _answer_and_close(self, status: int, message: str) -> None:
+        if self.transport.is_closing():
+            return
+        body = message.encode("ascii")
+        self.transport.write(
+            STATUS_LINE[status]
+            + b"content-type: text/plain; charset=utf-8\r\n"
+            + b"content-length: %d\r\nconnection: close\r\nx-content-type-options: nosniff\r\n\r\n"
+            % len(body)
+            + body
+        )
+        self.transport.close()
+
+    def _arm(self, seconds: float, then: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(seconds, then)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def limited_protocol(settings: Settings) -> type[LimitedHttpToolsProtocol]:
+    """The protocol class with this worker's limits."""
+    return type(
+        "LimitedHttpToolsProtocol",
+        (LimitedHttpToolsProtocol,),
+        {
+            "max_header_bytes": settings.max_header_bytes,
+            "max_headers": settings.max_headers,
+            "header_timeout": settings.header_timeout,
+            "body_timeout": settings.body_timeout,
+        },
+    )
+
+
+class Worker(UvicornWorker):  # type: ignore[misc]
+    """uvicorn's gunicorn worker, running the limited protocol and capping connections."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        settings = settings_from_env()
+        self.CONFIG_KWARGS = {
+            **UvicornWorker.CONFIG_KWARGS,
+            "http": limited_protocol(settings),
+            "limit_concurrency": settings.max_connections,
+        }
+        super().__init__(*args, **kwargs)
