@@ -7,6 +7,7 @@ and reporters turn their results into text.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import click
 from llmgw import __version__
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.lint import LintResult, lint
-from llmgw.plan import build_plan, dump_plan, read_plan
+from llmgw.plan import KubernetesTarget, build_plan, dump_plan, read_plan
 from llmgw.report import REPORTERS
 
 # Exit codes shared by every command.
@@ -120,8 +121,27 @@ def _lint_exit_code(result: LintResult, strict: bool) -> int:
     default=None,
     help="The plan now deployed: its replicas stay where they are while they still fit.",
 )
-def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: Path | None) -> None:
+@click.option(
+    "--target",
+    type=click.Choice(["nodes", "kubernetes"]),
+    default="nodes",
+    show_default=True,
+    help="nodes: llmgw's node agents run each replica where it is placed. kubernetes: the "
+    "scheduler places them, the gateway finds them by DNS (see `llmgw render kubernetes`).",
+)
+@click.option("--namespace", default=None, help="With --target kubernetes: the workloads' namespace [llmgw].")
+@click.option(
+    "--cluster-domain",
+    default=None,
+    help="With --target kubernetes: the cluster's DNS domain the gateway resolves "
+    "NAME.NAMESPACE.svc.DOMAIN in [cluster.local].",
+)
+def plan_command(
+    catalog: Path, fleet_path: Path, out_path: str, previous_path: Path | None, target: str,
+    namespace: str | None, cluster_domain: str | None,
+) -> None:
     """Lint, then write the resolved plan (nothing is written when lint finds errors)."""
+    kubernetes = _kubernetes_target(target, namespace, cluster_domain)
     previous = read_plan(previous_path) if previous_path else None
     result = lint(catalog, fleet_path, previous=previous)
     errors, _ = result.counts()
@@ -129,12 +149,34 @@ def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: 
         REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))
         click.echo(f"{_summary(result)} No plan written.", err=True)
         sys.exit(EXIT_FINDINGS)
-    text = dump_plan(build_plan(result, previous=previous))
+    text = dump_plan(build_plan(result, previous=previous, target=kubernetes))
     if out_path == "-":
         click.echo(text, nl=False)
     else:
         _write_atomically(Path(out_path), text)
         click.echo(f"Wrote {out_path}: {len(result.entries)} model(s). {_summary(result)}", err=True)
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+
+
+def _kubernetes_target(target: str, namespace: str | None, domain: str | None) -> KubernetesTarget | None:
+    if target != "kubernetes":
+        if namespace is not None or domain is not None:
+            raise click.BadParameter("--namespace and --cluster-domain need --target kubernetes.")
+        return None
+    defaults = KubernetesTarget()
+    namespace = defaults.namespace if namespace is None else namespace
+    domain = defaults.cluster_domain if domain is None else domain
+    if not _DNS_LABEL.fullmatch(namespace):
+        raise click.BadParameter(
+            f"--namespace {namespace!r} is not a Kubernetes namespace name: lowercase letters, digits "
+            "and '-', at most 63 (for example llmgw).")
+    if not _DNS_NAME.fullmatch(domain):
+        raise click.BadParameter(
+            f"--cluster-domain {domain!r} is not a DNS domain (for example cluster.local).")
+    return KubernetesTarget(namespace=namespace, cluster_domain=domain)
 
 
 def _write_atomically(path: Path, text: str) -> None:
