@@ -428,3 +428,87 @@ def up_command(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> N
     from llmgw.up import up
 
     sys.exit(up(catalog, bind, status_bind, state_dir))
+
+
+# Other orchestrators: the plan rendered into their files. `fetch` runs in their containers.
+
+
+@main.group("render")
+def render_group() -> None:
+    """Write the plan as another orchestrator's files."""
+
+
+@render_group.command("kubernetes")
+@click.argument("plan_path", metavar="[PLAN]", type=click.Path(path_type=Path), default=Path("plan.json"))
+@click.option("--out", "out_dir", required=True, metavar="DIR|-",
+              help="Folder for the manifests and kustomization.yaml; - for one stream on standard output.")
+@click.option("--image", "images", multiple=True, metavar="ENGINE=IMAGE",
+              help="An engine's container image (llamacpp, llamacpp-gpu, vllm). Repeatable.")
+@click.option("--executable", "executables", multiple=True, metavar="ENGINE=PATH",
+              help="Where the engine's program is in its image (llamacpp, vllm). Repeatable.")
+@click.option("--gateway-image", default=None, help="The image built from the Containerfile [llmgw:VERSION].")
+@click.option("--gateway-replicas", type=int, default=2, show_default=True)
+@click.option("--weights-volume", default="emptyDir", show_default=True,
+              metavar="emptyDir|pvc:CLAIM|hostPath:/PATH",
+              help="Where the init container downloads each model's weights.")
+def render_kubernetes_command(
+    plan_path: Path, out_dir: str, images: tuple[str, ...], executables: tuple[str, ...],
+    gateway_image: str | None, gateway_replicas: int, weights_volume: str,
+) -> None:
+    """Render a plan written with `llmgw plan --target kubernetes` as Kubernetes manifests:
+    per (model, profile) a Deployment, a headless Service and a PodDisruptionBudget, and the
+    gateway with the plan in a ConfigMap. The same plan always gives the same bytes."""
+    from llmgw.render.kubernetes import (
+        DEFAULT_EXECUTABLES,
+        DEFAULT_IMAGES,
+        Options,
+        WeightsVolume,
+        parse_pairs,
+        render,
+        stream,
+    )
+
+    options = Options(
+        images=parse_pairs(images, "--image", DEFAULT_IMAGES),
+        executables=parse_pairs(executables, "--executable", DEFAULT_EXECUTABLES),
+        gateway_replicas=gateway_replicas,
+        weights=WeightsVolume.parse(weights_volume),
+        **({"gateway_image": gateway_image} if gateway_image else {}),
+    )
+    files = render(read_plan(plan_path), options)
+    if out_dir == "-":
+        click.echo(stream(files), nl=False)
+        return
+    _write_manifests(Path(out_dir), files)
+    click.echo(f"Wrote {len(files)} file(s) to {out_dir}.", err=True)
+
+
+def _write_manifests(folder: Path, files: dict[str, str]) -> None:
+    from llmgw.render.kubernetes import HEADER
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # A model dropped from the plan must not leave its Deployment behind in the folder
+        # Argo CD syncs; only files this command wrote are removed.
+        first_line = HEADER.split("\n", 1)[0].split("(")[0]
+        for old in folder.glob("engine-*.yaml"):
+            if old.name not in files and old.read_text("utf-8").startswith(first_line):
+                old.unlink()
+        for name, text in files.items():
+            _write_atomically(folder / name, text)
+    except OSError as exc:
+        raise UsageError(f"cannot write the manifests to {folder}: {exc.strerror or exc}; "
+                         "give --out a folder you may write to, or - for standard output.") from None
+
+
+@main.command("fetch")
+@click.argument("source")
+@click.option("--into", "directory", required=True, type=click.Path(path_type=Path),
+              help="Folder the weights are left in, as `llmgw render` told the engine.")
+@click.option("--bytes", "expected", type=int, default=None, help="The plan's weights_bytes, checked.")
+def fetch_command(source: str, directory: Path, expected: int | None) -> None:
+    """Download a model's weights for an engine in a container (the init container's job)."""
+    from llmgw.node.weights import fetch_into
+
+    path = fetch_into(source, directory, expected)
+    click.echo(f"{source} is at {path}.", err=True)
