@@ -291,16 +291,31 @@ def pr_comment_command(body_file: str, number: int | None, marker: str | None) -
 @click.option(
     "--format", "fmt", type=click.Choice(["json", "yaml"]), default="yaml", show_default=True
 )
+@click.option(
+    "--kubernetes", "kubectl_json", default=None, metavar="FILE",
+    help="Write a whole fleet from `kubectl get nodes -o json` saved in FILE (- for standard input).",
+)
 def inventory_command(
-    name: str | None, address: str | None, labels: tuple[str, ...], ports: str | None, fmt: str
+    name: str | None, address: str | None, labels: tuple[str, ...], ports: str | None, fmt: str,
+    kubectl_json: str | None,
 ) -> None:
     """Print this machine's fleet entry from what it reports: memory, GPUs, engines on PATH.
 
-    Paste the output under `nodes:` in fleet.yaml.
+    Paste the output under `nodes:` in fleet.yaml. With --kubernetes, print a whole fleet
+    file for a cluster instead, from what its nodes report as allocatable.
     """
     import json
 
     from llmgw.inventory import entry_yaml, parse_labels, parse_ports, take_inventory
+
+    if kubectl_json is not None:
+        if name or address or labels or ports:
+            raise click.BadParameter(
+                "--kubernetes reads every node from kubectl; --name, --address, --label and --ports "
+                "describe this one machine, so leave them out (label the nodes in Kubernetes instead)."
+            )
+        _kubernetes_inventory(kubectl_json, fmt)
+        return
 
     inventory = take_inventory(
         name=name,
@@ -312,6 +327,29 @@ def inventory_command(
         click.echo(json.dumps(inventory.entry, indent=2))
     else:
         click.echo(entry_yaml(inventory.entry), nl=False)
+    for note in inventory.notes:
+        click.echo(f"llmgw inventory: {note}", err=True)
+
+
+def _kubernetes_inventory(source: str, fmt: str) -> None:
+    import json
+
+    from llmgw.inventory import fleet_from_kubectl, fleet_yaml
+
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text("utf-8")
+        doc = json.loads(text)
+    except OSError as exc:
+        raise UsageError(f"cannot read {source}: {exc.strerror or exc}.") from None
+    except ValueError:
+        raise UsageError(
+            f"{source} is not JSON; save the nodes with `kubectl get nodes -o json > nodes.json`."
+        ) from None
+    inventory = fleet_from_kubectl(doc)
+    if fmt == "json":
+        click.echo(json.dumps(inventory.entry, indent=2))
+    else:
+        click.echo(fleet_yaml(inventory.entry), nl=False)
     for note in inventory.notes:
         click.echo(f"llmgw inventory: {note}", err=True)
 
