@@ -59,6 +59,8 @@ class DashboardSnapshot:
     loaded_at: float
     refusal: str | None
     healthy: Mapping[str, bool]
+    # DNS names whose last lookup failed: their last answer still routes.
+    discovery_errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,7 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
         "loaded_at_utc": utc_iso(snapshot.loaded_at),
         "age": relative_age(now - snapshot.loaded_at),
         "refusal": snapshot.refusal,
+        "discovery_errors": list(snapshot.discovery_errors),
         "models": models,
     }
 
@@ -227,6 +230,7 @@ def render_page(
         view=view,
         status=status,
         refusal=snapshot.refusal,
+        discovery_errors=snapshot.discovery_errors,
         loaded_at_utc=status["loaded_at_utc"],
         age=status["age"],
         status_path=STATUS_PATH,

@@ -154,7 +154,9 @@ class PlanState:
             return self.table.digest
 
     def _table_for(self, plan: Plan, created: int) -> RouteTable:
-        return RouteTable.from_plan(plan, created=created, replicas_before=self.table.replicas)
+        return RouteTable.from_plan(
+            plan, created=created, replicas_before=self.table.replicas, groups_before=self.table.groups
+        )
 
     def _adopt(self, table: RouteTable) -> None:
         old = self.table
