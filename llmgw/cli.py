@@ -7,6 +7,7 @@ and reporters turn their results into text.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.lint import LintResult, lint
-from llmgw.plan import build_plan, dump_plan, read_previous
+from llmgw.plan import KubernetesTarget, build_plan, dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
 
 # Exit codes shared by every command.
@@ -132,8 +133,27 @@ def _lint_exit_code(result: LintResult, strict: bool) -> int:
     help="Where to write the plan; - for standard output.",
 )
 @previous_option
-def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: Path | None) -> None:
+@click.option(
+    "--target",
+    type=click.Choice(["nodes", "kubernetes"]),
+    default="nodes",
+    show_default=True,
+    help="nodes: llmgw's node agents run each replica where it is placed. kubernetes: the "
+    "scheduler places them, the gateway finds them by DNS (see `llmgw render kubernetes`).",
+)
+@click.option("--namespace", default=None, help="With --target kubernetes: the workloads' namespace [llmgw].")
+@click.option(
+    "--cluster-domain",
+    default=None,
+    help="With --target kubernetes: the cluster's DNS domain the gateway resolves "
+    "NAME.NAMESPACE.svc.DOMAIN in [cluster.local].",
+)
+def plan_command(
+    catalog: Path, fleet_path: Path, out_path: str, previous_path: Path | None, target: str,
+    namespace: str | None, cluster_domain: str | None,
+) -> None:
     """Lint, then write the resolved plan (nothing is written when lint finds errors)."""
+    kubernetes = _kubernetes_target(target, namespace, cluster_domain)
     previous = read_previous(previous_path) if previous_path else None
     result = lint(catalog, fleet_path, previous=previous)
     errors, _ = result.counts()
@@ -141,12 +161,34 @@ def plan_command(catalog: Path, fleet_path: Path, out_path: str, previous_path: 
         REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))
         click.echo(f"{_summary(result)} No plan written.", err=True)
         sys.exit(EXIT_FINDINGS)
-    text = dump_plan(build_plan(result, previous=previous))
+    text = dump_plan(build_plan(result, previous=previous, target=kubernetes))
     if out_path == "-":
         click.echo(text, nl=False)
     else:
         _write_atomically(Path(out_path), text)
         click.echo(f"Wrote {out_path}: {len(result.entries)} model(s). {_summary(result)}", err=True)
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+
+
+def _kubernetes_target(target: str, namespace: str | None, domain: str | None) -> KubernetesTarget | None:
+    if target != "kubernetes":
+        if namespace is not None or domain is not None:
+            raise click.BadParameter("--namespace and --cluster-domain need --target kubernetes.")
+        return None
+    defaults = KubernetesTarget()
+    namespace = defaults.namespace if namespace is None else namespace
+    domain = defaults.cluster_domain if domain is None else domain
+    if not _DNS_LABEL.fullmatch(namespace):
+        raise click.BadParameter(
+            f"--namespace {namespace!r} is not a Kubernetes namespace name: lowercase letters, digits "
+            "and '-', at most 63 (for example llmgw).")
+    if not _DNS_NAME.fullmatch(domain):
+        raise click.BadParameter(
+            f"--cluster-domain {domain!r} is not a DNS domain (for example cluster.local).")
+    return KubernetesTarget(namespace=namespace, cluster_domain=domain)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -258,16 +300,31 @@ def pr_comment_command(body_file: str, number: int | None, marker: str | None) -
 @click.option(
     "--format", "fmt", type=click.Choice(["json", "yaml"]), default="yaml", show_default=True
 )
+@click.option(
+    "--kubernetes", "kubectl_json", default=None, metavar="FILE",
+    help="Write a whole fleet from `kubectl get nodes -o json` saved in FILE (- for standard input).",
+)
 def inventory_command(
-    name: str | None, address: str | None, labels: tuple[str, ...], ports: str | None, fmt: str
+    name: str | None, address: str | None, labels: tuple[str, ...], ports: str | None, fmt: str,
+    kubectl_json: str | None,
 ) -> None:
     """Print this machine's fleet entry from what it reports: memory, GPUs, engines on PATH.
 
-    Paste the output under `nodes:` in fleet.yaml.
+    Paste the output under `nodes:` in fleet.yaml. With --kubernetes, print a whole fleet
+    file for a cluster instead, from what its nodes report as allocatable.
     """
     import json
 
     from llmgw.inventory import entry_yaml, parse_labels, parse_ports, take_inventory
+
+    if kubectl_json is not None:
+        if name or address or labels or ports:
+            raise click.BadParameter(
+                "--kubernetes reads every node from kubectl; --name, --address, --label and --ports "
+                "describe this one machine, so leave them out (label the nodes in Kubernetes instead)."
+            )
+        _kubernetes_inventory(kubectl_json, fmt)
+        return
 
     inventory = take_inventory(
         name=name,
@@ -279,6 +336,29 @@ def inventory_command(
         click.echo(json.dumps(inventory.entry, indent=2))
     else:
         click.echo(entry_yaml(inventory.entry), nl=False)
+    for note in inventory.notes:
+        click.echo(f"llmgw inventory: {note}", err=True)
+
+
+def _kubernetes_inventory(source: str, fmt: str) -> None:
+    import json
+
+    from llmgw.inventory import fleet_from_kubectl, fleet_yaml
+
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text("utf-8")
+        doc = json.loads(text)
+    except OSError as exc:
+        raise UsageError(f"cannot read {source}: {exc.strerror or exc}.") from None
+    except ValueError:
+        raise UsageError(
+            f"{source} is not JSON; save the nodes with `kubectl get nodes -o json > nodes.json`."
+        ) from None
+    inventory = fleet_from_kubectl(doc)
+    if fmt == "json":
+        click.echo(json.dumps(inventory.entry, indent=2))
+    else:
+        click.echo(fleet_yaml(inventory.entry), nl=False)
     for note in inventory.notes:
         click.echo(f"llmgw inventory: {note}", err=True)
 
@@ -398,3 +478,87 @@ def up_command(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> N
     from llmgw.up import up
 
     sys.exit(up(catalog, bind, status_bind, state_dir))
+
+
+# Other orchestrators: the plan rendered into their files. `fetch` runs in their containers.
+
+
+@main.group("render")
+def render_group() -> None:
+    """Write the plan as another orchestrator's files."""
+
+
+@render_group.command("kubernetes")
+@click.argument("plan_path", metavar="[PLAN]", type=click.Path(path_type=Path), default=Path("plan.json"))
+@click.option("--out", "out_dir", required=True, metavar="DIR|-",
+              help="Folder for the manifests and kustomization.yaml; - for one stream on standard output.")
+@click.option("--image", "images", multiple=True, metavar="ENGINE=IMAGE",
+              help="An engine's container image (llamacpp, llamacpp-gpu, vllm). Repeatable.")
+@click.option("--executable", "executables", multiple=True, metavar="ENGINE=PATH",
+              help="Where the engine's program is in its image (llamacpp, vllm). Repeatable.")
+@click.option("--gateway-image", default=None, help="The image built from the Containerfile [llmgw:VERSION].")
+@click.option("--gateway-replicas", type=int, default=2, show_default=True)
+@click.option("--weights-volume", default="emptyDir", show_default=True,
+              metavar="emptyDir|pvc:CLAIM|hostPath:/PATH",
+              help="Where the init container downloads each model's weights.")
+def render_kubernetes_command(
+    plan_path: Path, out_dir: str, images: tuple[str, ...], executables: tuple[str, ...],
+    gateway_image: str | None, gateway_replicas: int, weights_volume: str,
+) -> None:
+    """Render a plan written with `llmgw plan --target kubernetes` as Kubernetes manifests:
+    per (model, profile) a Deployment, a headless Service and a PodDisruptionBudget, and the
+    gateway with the plan in a ConfigMap. The same plan always gives the same bytes."""
+    from llmgw.render.kubernetes import (
+        DEFAULT_EXECUTABLES,
+        DEFAULT_IMAGES,
+        Options,
+        WeightsVolume,
+        parse_pairs,
+        render,
+        stream,
+    )
+
+    options = Options(
+        images=parse_pairs(images, "--image", DEFAULT_IMAGES),
+        executables=parse_pairs(executables, "--executable", DEFAULT_EXECUTABLES),
+        gateway_replicas=gateway_replicas,
+        weights=WeightsVolume.parse(weights_volume),
+        **({"gateway_image": gateway_image} if gateway_image else {}),
+    )
+    files = render(read_plan(plan_path), options)
+    if out_dir == "-":
+        click.echo(stream(files), nl=False)
+        return
+    _write_manifests(Path(out_dir), files)
+    click.echo(f"Wrote {len(files)} file(s) to {out_dir}.", err=True)
+
+
+def _write_manifests(folder: Path, files: dict[str, str]) -> None:
+    from llmgw.render.kubernetes import HEADER
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # A model dropped from the plan must not leave its Deployment behind in the folder
+        # Argo CD syncs; only files this command wrote are removed.
+        first_line = HEADER.split("\n", 1)[0].split("(")[0]
+        for old in folder.glob("engine-*.yaml"):
+            if old.name not in files and old.read_text("utf-8").startswith(first_line):
+                old.unlink()
+        for name, text in files.items():
+            _write_atomically(folder / name, text)
+    except OSError as exc:
+        raise UsageError(f"cannot write the manifests to {folder}: {exc.strerror or exc}; "
+                         "give --out a folder you may write to, or - for standard output.") from None
+
+
+@main.command("fetch")
+@click.argument("source")
+@click.option("--into", "directory", required=True, type=click.Path(path_type=Path),
+              help="Folder the weights are left in, as `llmgw render` told the engine.")
+@click.option("--bytes", "expected", type=int, default=None, help="The plan's weights_bytes, checked.")
+def fetch_command(source: str, directory: Path, expected: int | None) -> None:
+    """Download a model's weights for an engine in a container (the init container's job)."""
+    from llmgw.node.weights import fetch_into
+
+    path = fetch_into(source, directory, expected)
+    click.echo(f"{source} is at {path}.", err=True)

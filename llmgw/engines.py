@@ -11,6 +11,8 @@ the node agent calls it, and so does every renderer for another orchestrator.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from urllib.parse import urlparse
 
 from llmgw.plan import PlanModel, PlanProfile, PlanReplica
 
@@ -21,6 +23,18 @@ DEFAULT_EXECUTABLES = {"llamacpp": "llama-server", "vllm": "vllm"}
 class EngineCommand:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)  # added to the agent's environment
+
+
+def fetched_weights(source: str, directory: str) -> str | None:
+    """Where `llmgw fetch SOURCE --into DIRECTORY` leaves a model's weights: what a renderer
+    hands the engine. None for a local path, which only the machine that has it can read."""
+    if source.startswith("hf://"):
+        parts = [p for p in source[len("hf://") :].split("/") if p]
+        # A repository is fetched whole, and vLLM is given its folder.
+        return "/".join([directory, *parts[2:]])
+    if source.startswith(("https://", "http://")):
+        return f"{directory}/{PurePosixPath(urlparse(source).path).name or 'weights'}"
+    return None
 
 
 def engine_command(

@@ -199,3 +199,106 @@ def entry_yaml(entry: dict[str, Any]) -> str:
     labels = {_quoted(k): _quoted(v) for k, v in entry.get("labels", {}).items()}
     yaml.dump([{**entry, "labels": labels} if "labels" in entry else entry], out)
     return "".join(f"  {line}\n" if line else "\n" for line in out.getvalue().splitlines())
+
+
+# Kubernetes: the fleet is what `kubectl get nodes -o json` says the scheduler may use.
+
+KUBECTL_HEADER = (
+    "# yaml-language-server: $schema=schema/fleet.schema.json\n"
+    "# Written by `llmgw inventory --kubernetes` from `kubectl get nodes -o json`: allocatable\n"
+    "# memory and GPUs, which is what the scheduler hands out. Plan with --target kubernetes.\n"
+)
+_QUANTITY = re.compile(r"([0-9.]+(?:[eE][-+]?[0-9]+)?)([KMGTPE]i?|k|m)?")
+_FACTORS = {
+    None: 1, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per card, from NVIDIA's GPU feature discovery
+# Taints the engine pods `llmgw render kubernetes` writes tolerate.
+TOLERATED_TAINTS = frozenset({GPU_RESOURCE})
+
+
+def quantity(text: str) -> float:
+    """A Kubernetes quantity ("64Gi", "65842948Ki", "1e9") as a plain number."""
+    match = _QUANTITY.fullmatch(str(text).strip())
+    if not match:
+        raise UsageError(f"{text!r} is not a Kubernetes quantity (such as 64Gi); is this kubectl's output?")
+    return float(match.group(1)) * _FACTORS[match.group(2)]
+
+
+def fleet_from_kubectl(doc: Any) -> Inventory:
+    """Fleet entries from `kubectl get nodes -o json`: {"nodes": [...]} and notes on what was
+    left out. A node the scheduler will not use (cordoned, not ready, tainted) is left out,
+    since a plan counted on it would promise room that is not there."""
+    items = doc.get("items") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise UsageError(
+            "this is not the output of `kubectl get nodes -o json` (no items list); run that "
+            "command and give its output to --kubernetes."
+        )
+    entries: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for item in sorted(items, key=lambda i: str(i.get("metadata", {}).get("name", ""))):
+        entry = _kubectl_node(item, notes)
+        if entry is not None:
+            _check(entry)
+            entries.append(entry)
+    if not entries:
+        notes.append("no node is schedulable: the fleet is empty, and nothing can be planned onto it.")
+    return Inventory({"nodes": entries}, notes)
+
+
+def _kubectl_node(item: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
+    meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
+    name = str(meta.get("name", ""))
+    why_not = _unschedulable(spec, status)
+    if why_not:
+        notes.append(f"node {name} is left out: {why_not}.")
+        return None
+    allocatable = status.get("allocatable", {})
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    addresses = {a.get("type"): a.get("address") for a in status.get("addresses", [])}
+    entry: dict[str, Any] = {
+        "name": _node_name(name),
+        # The scheduler places pods, so nothing is sent to this address; it names the node.
+        "address": addresses.get("InternalIP") or addresses.get("Hostname") or name,
+        "memory_gb": _floor_tenth(quantity(allocatable.get("memory", "0")) / GB),
+    }
+    count = int(quantity(allocatable.get(GPU_RESOURCE, "0")))
+    if count:
+        mib = labels.get(GPU_MEMORY_LABEL, "")
+        if not mib.isdigit():
+            notes.append(
+                f"node {name} has {count} GPU(s) but no {GPU_MEMORY_LABEL} label, so their memory is "
+                "written as 0 and no GPU model fits there: run NVIDIA's GPU feature discovery, or write "
+                "gpus.memory_gb by hand."
+            )
+        each_gb = _floor_tenth(int(mib) * MIB / GB) if mib.isdigit() else 0
+        entry["gpus"] = {"count": count, "memory_gb": each_gb}
+    entry["labels"] = dict(sorted(labels.items()))
+    return entry
+
+
+def _unschedulable(spec: dict[str, Any], status: dict[str, Any]) -> str | None:
+    if spec.get("unschedulable"):
+        return "it is cordoned (spec.unschedulable)"
+    ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), None)
+    if ready is not None and ready.get("status") != "True":
+        return f"it is not Ready ({ready.get('reason') or ready.get('status')})"
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and taint.get("key") not in TOLERATED_TAINTS:
+            return f"its taint {taint.get('key')}:{taint.get('effect')} keeps the engines' pods off it"
+    return None
+
+
+def fleet_yaml(fleet: dict[str, Any]) -> str:
+    """A whole fleet file; labels one a line, since a cluster's nodes carry dozens."""
+    yaml = YAML()
+    yaml.width = 4096
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    out = StringIO()
+    nodes = [{**e, "labels": {_quoted(k): _quoted(v) for k, v in e["labels"].items()}}
+             for e in fleet["nodes"]]
+    yaml.dump({"nodes": nodes}, out)
+    return KUBECTL_HEADER + out.getvalue()

@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,18 +40,73 @@ def plan_digest(plan: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
 
 
-def build_plan(result: LintResult, previous: Plan | None = None) -> dict[str, Any]:
-    """The resolved plan of a lint run without errors: deterministic, every default filled in."""
+@dataclass(frozen=True)
+class KubernetesTarget:
+    """Where `llmgw plan --target kubernetes` says the workloads run, and how they are named.
+
+    The names are the cluster's, so they are settings: a cluster set up with another DNS
+    domain than cluster.local resolves nothing under cluster.local.
+    """
+
+    namespace: str = "llmgw"
+    cluster_domain: str = "cluster.local"
+    port: int = 8080  # every engine container listens here: pods have an address each
+
+    def endpoint(self, workload: str) -> str:
+        return f"http://{workload}.{self.namespace}.svc.{self.cluster_domain}:{self.port}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": "kubernetes", "namespace": self.namespace,
+                "cluster_domain": self.cluster_domain, "port": self.port}
+
+
+def build_plan(
+    result: LintResult, previous: Plan | None = None, target: KubernetesTarget | None = None
+) -> dict[str, Any]:
+    """The resolved plan of a lint run without errors: deterministic, every default filled in.
+
+    With a Kubernetes target the fit checks are the same, but no replica is pinned to a
+    node: each (model, profile) becomes a workload, and its replicas one DNS name.
+    """
     plan: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "digest": "",
         "generated_by": {"tool": "llmgw", "version": __version__},
         "inputs": _inputs(result, previous),
-        "nodes": [_node(s.node, s.free_gb, s.free_gpus, s.replicas) for s in result.placement.nodes],
-        "models": [_model(e, result) for e in result.entries],
     }
+    if target is not None:  # absent for the node agents, so their plans read as they always did
+        plan["target"] = target.as_dict()
+    names = workload_names([(e.spec.name, p.name) for e in result.entries for p in e.spec.profiles
+                            if not p.external]) if target else {}
+    plan["nodes"] = [_node(s.node, s.free_gb, s.free_gpus, s.replicas) for s in result.placement.nodes]
+    plan["models"] = [_model(e, result, target, names) for e in result.entries]
     plan["digest"] = plan_digest(plan)
     return plan
+
+
+_NOT_IN_A_LABEL = re.compile(r"[^a-z0-9]+")
+
+
+def workload_names(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """(model, profile) → a DNS label for its Deployment and Service, the same every time.
+
+    Model names may hold dots, capitals and slashes, which a Service name may not; two
+    pairs that would clean up to one name, or a name past 63 characters, get a suffix
+    from a hash of the pair, so no two workloads ever share a Service.
+    """
+    cleaned = {pair: _NOT_IN_A_LABEL.sub("-", f"{pair[0]}-{pair[1]}".lower()).strip("-") for pair in pairs}
+    taken: dict[str, int] = {}
+    for name in cleaned.values():
+        taken[name] = taken.get(name, 0) + 1
+    out = {}
+    for pair, name in cleaned.items():
+        if not name[:1].isalpha():
+            name = "m-" + name
+        if taken[cleaned[pair]] > 1 or len(name) > 63:
+            suffix = hashlib.sha256("/".join(pair).encode()).hexdigest()[:8]
+            name = f"{name[:54].rstrip('-')}-{suffix}"
+        out[pair] = name
+    return out
 
 
 def _inputs(result: LintResult, previous: Plan | None) -> dict[str, Any]:
@@ -92,7 +149,10 @@ def _node(node: Node, free_gb: float, free_gpus: int, replicas: int) -> dict[str
     return out
 
 
-def _model(entry: Entry, result: LintResult) -> dict[str, Any]:
+def _model(
+    entry: Entry, result: LintResult, target: KubernetesTarget | None,
+    names: dict[tuple[str, str], str],
+) -> dict[str, Any]:
     spec = entry.spec
     out: dict[str, Any] = {"name": spec.name}
     if spec.description is not None:  # undescribed: no key at all, never ""
@@ -108,13 +168,16 @@ def _model(entry: Entry, result: LintResult) -> dict[str, Any]:
         out["max_output"] = spec.max_output
     out["replicas"] = spec.replicas
     out["file"] = entry.doc.file
-    out["profiles"] = [_profile(entry, p, result) for p in spec.routing_order()]
+    out["profiles"] = [_profile(entry, p, result, target, names) for p in spec.routing_order()]
     out["warnings"] = [{"rule": f.rule, "message": f.message}
                        for f in result.warnings_for(entry.doc.file)]
     return out
 
 
-def _profile(entry: Entry, profile: Any, result: LintResult) -> dict[str, Any]:
+def _profile(
+    entry: Entry, profile: Any, result: LintResult, target: KubernetesTarget | None,
+    names: dict[tuple[str, str], str],
+) -> dict[str, Any]:
     spec = entry.spec
     out: dict[str, Any] = {
         "name": profile.name,
@@ -134,6 +197,13 @@ def _profile(entry: Entry, profile: Any, result: LintResult) -> dict[str, Any]:
     out["external"] = profile.external
     if profile.external:
         out["replicas"] = [{"endpoint": e.rstrip("/")} for e in profile.endpoints]
+    elif target is not None:
+        # The fit check placed every replica (a plan promises only what the cluster can
+        # hold), but the scheduler chooses the nodes: the plan names the workload instead.
+        name = names[(spec.name, profile.name)]
+        placed = len(result.placement.replicas(spec.name, profile.name))
+        out["workload"] = {"name": name, "replicas": placed}
+        out["replicas"] = [{"endpoint": target.endpoint(name), "discovery": "dns"}] if placed else []
     else:
         out["replicas"] = [_replica(s) for s in result.placement.replicas(spec.name, profile.name)]
     return out
@@ -280,9 +350,23 @@ class Memory(_Part):
 
 class PlanReplica(_Part):
     endpoint: str
-    node: str | None = None  # None: an external endpoint, routed to but not run by llmgw
+    node: str | None = None  # None: an external endpoint, or a workload the cluster schedules
     port: int | None = None
     gpu_ids: tuple[int, ...] = ()
+    # "dns": the endpoint's host lists every instance; the gateway routes to each address.
+    discovery: Literal["dns"] | None = None
+
+
+class Workload(_Part):
+    name: str
+    replicas: int
+
+
+class Target(_Part):
+    kind: Literal["kubernetes"]
+    namespace: str
+    cluster_domain: str
+    port: int
 
 
 class PlanProfile(_Part):
@@ -298,6 +382,7 @@ class PlanProfile(_Part):
     served_name: str
     routing: Literal["prefix", "least-loaded"] | None = None  # None: a plan from before routing
     external: bool
+    workload: Workload | None = None  # a Kubernetes workload; None for the node agents
     replicas: tuple[PlanReplica, ...]
 
 
@@ -327,6 +412,7 @@ class Plan(_Part):
     digest: str
     generated_by: GeneratedBy
     inputs: Inputs
+    target: Target | None = None  # None: the node agents run what the plan places
     nodes: tuple[PlanNode, ...]
     models: tuple[PlanModel, ...]
     _doc: dict[str, Any] = PrivateAttr(default_factory=dict)

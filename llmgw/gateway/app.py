@@ -17,11 +17,13 @@ import httpx
 from llmgw.gateway.access import Access, read_api_keys
 from llmgw.gateway.config import Settings, settings_from_env
 from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
+from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.health import Health
 from llmgw.gateway.proxy import Proxy
 from llmgw.gateway.reload import PlanState
 from llmgw.gateway.resources import AdminPlan, Healthz, Metrics, Models, Readyz
+from llmgw.gateway.routing import RouteTable
 from llmgw.gateway.upstream import FastTransport
 
 log = logging.getLogger("llmgw.gateway")
@@ -127,6 +129,7 @@ class Lifecycle:
         self.tasks = [
             loop.create_task(self.state.watch(self.settings.reload_interval)),
             loop.create_task(self.health.watch(self.state, self.settings.health_interval)),
+            loop.create_task(Discovery(self.settings, self.health).watch(self.state)),
         ]
 
     async def process_shutdown(self, scope: Any, event: Any) -> None:
@@ -193,7 +196,8 @@ def _add_dashboard(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Respons
             plan=table.plan,
             loaded_at=state.loaded_at,
             refusal=state.refusal,
-            healthy={endpoint: r.healthy for endpoint, r in table.replicas.items()},
+            healthy=_healthy(table),
+            discovery_errors=tuple(g.error for g in table.groups.values() if g.error),
             prefix={
                 (m.name, p.name): (p.prefix.hits, p.prefix.spills)
                 for m in table.models.values()
@@ -203,6 +207,14 @@ def _add_dashboard(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Respons
         )
 
     add_dashboard_routes(app, snapshot)
+
+
+def _healthy(table: RouteTable) -> dict[str, bool]:
+    healthy = {endpoint: r.healthy for endpoint, r in table.replicas.items()}
+    # The dashboard lists the plan's endpoints: a DNS name is up while an address it lists is.
+    for endpoint, group in table.groups.items():
+        healthy[endpoint] = any(r.healthy for r in group.replicas)
+    return healthy
 
 
 def _log_to_stderr() -> None:

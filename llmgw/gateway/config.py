@@ -8,6 +8,7 @@ should be cut long before a generous first-token allowance would notice.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -37,6 +38,9 @@ class Settings:
     admin_token: str | None = None
     metrics_token: str | None = None
     access_log: bool = True
+    # Where DNS names that list replicas are looked up: None for the system's resolvers.
+    dns_servers: tuple[tuple[str, int], ...] | None = None
+    dns_interval: float = 5.0  # the longest an answer is kept, whatever its TTL says
 
 
 # name -> (field, parser); the README's table of variables is this table.
@@ -48,6 +52,7 @@ _FLOATS = {
     "LLMGW_RELOAD_INTERVAL": "reload_interval",
     "LLMGW_HEADER_TIMEOUT": "header_timeout",
     "LLMGW_BODY_TIMEOUT": "body_timeout",
+    "LLMGW_DNS_INTERVAL": "dns_interval",
 }
 _INTS = {
     "LLMGW_HEALTH_FAILURES": "health_failures",
@@ -79,9 +84,38 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["admin_token"] = env["LLMGW_ADMIN_TOKEN"]
     if env.get("LLMGW_METRICS_TOKEN"):
         values["metrics_token"] = env["LLMGW_METRICS_TOKEN"]
+    if env.get("LLMGW_DNS_SERVERS"):
+        values["dns_servers"] = _servers(env["LLMGW_DNS_SERVERS"])
     if env.get("LLMGW_ACCESS_LOG", "").lower() in ("0", "off", "false", "no"):
         values["access_log"] = False
     return Settings(**values)  # type: ignore[arg-type]
+
+
+def _servers(text: str) -> tuple[tuple[str, int], ...]:
+    servers = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        if item.startswith("["):  # [IPv6]:PORT
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":") or "53"
+        elif item.count(":") == 1:
+            host, port = item.split(":")
+        else:
+            host, port = item, "53"
+        if not _is_address(host) or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(
+                f"LLMGW_DNS_SERVERS={text!r}: {item!r} is not ADDRESS or ADDRESS:PORT; "
+                "set it to e.g. 10.96.0.10 or 127.0.0.1:5353,127.0.0.2:5353."
+            )
+        servers.append((host, int(port)))
+    return tuple(servers)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _number(env: Mapping[str, str], name: str, kind: type[float] | type[int]) -> float | int:

@@ -61,6 +61,8 @@ class DashboardSnapshot:
     healthy: Mapping[str, bool]
     # (model, profile) -> (hits, spills) of prefix routing, as this worker counted them.
     prefix: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    # DNS names whose last lookup failed: their last answer still routes.
+    discovery_errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
         "loaded_at_utc": utc_iso(snapshot.loaded_at),
         "age": relative_age(now - snapshot.loaded_at),
         "refusal": snapshot.refusal,
+        "discovery_errors": list(snapshot.discovery_errors),
         "models": models,
     }
 
@@ -240,6 +243,7 @@ def render_page(
         view=view,
         status=status,
         refusal=snapshot.refusal,
+        discovery_errors=snapshot.discovery_errors,
         loaded_at_utc=status["loaded_at_utc"],
         age=status["age"],
         status_path=STATUS_PATH,

@@ -58,7 +58,7 @@ class Health:
 
     async def watch(self, state: PlanState, interval: float) -> None:
         while True:
-            replicas = list(state.table.replicas.values())
+            replicas = list(state.table.every_replica().values())
             try:
                 await asyncio.gather(*(self.probe(r) for r in replicas))
             except Exception:  # a bug in one round must not stop checking for good

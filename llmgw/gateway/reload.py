@@ -155,7 +155,9 @@ class PlanState:
         return self._table_for(parse_plan(text, where="the deployed plan"), created=int(time.time()))
 
     def _table_for(self, plan: Plan, created: int) -> RouteTable:
-        return RouteTable.from_plan(plan, created=created, replicas_before=self.table.replicas)
+        return RouteTable.from_plan(
+            plan, created=created, replicas_before=self.table.replicas, groups_before=self.table.groups
+        )
 
     def _adopt(self, table: RouteTable) -> None:
         old = self.table

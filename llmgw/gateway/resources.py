@@ -6,6 +6,7 @@ import hmac
 import json
 import os
 import time
+from typing import Any
 
 import falcon
 import falcon.asgi
@@ -16,6 +17,7 @@ from llmgw.gateway.access import bearer_token
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.proxy import read_body
 from llmgw.gateway.reload import PlanState, PlanWriteError
+from llmgw.gateway.routing import DnsGroup
 from llmgw.plan import dump_plan
 
 
@@ -84,8 +86,25 @@ class Readyz:
                 {"result": "refused", "reason": state.refusal} if state.refusal else {"result": "loaded"}
             ),
         }
+        if state.table.groups:
+            doc["discovery"] = [_group_status(g) for g in state.table.groups.values()]
         resp.content_type = falcon.MEDIA_JSON
         resp.data = json.dumps(doc).encode()
+
+
+def _group_status(group: DnsGroup) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": group.host,
+        "endpoint": group.endpoint,
+        "replicas": [r.endpoint for r in group.replicas],
+        "draining": sorted(group.draining),
+        "resolved_at": (
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(group.resolved_at)) if group.resolved_at else None
+        ),
+    }
+    if group.error:
+        out["error"] = group.error
+    return out
 
 
 class Metrics:
@@ -96,7 +115,7 @@ class Metrics:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         check_metrics_token(self.token, req.get_header("Authorization"))
         table = self.state.table
-        resp.data, resp.content_type = metrics.exposition(table.replicas, table.models)
+        resp.data, resp.content_type = metrics.exposition(table.every_replica(), table.models)
 
 
 class AdminPlan:

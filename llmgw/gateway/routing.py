@@ -4,16 +4,22 @@ A table is built when a plan is loaded and never changed afterwards; a reload bu
 new one and swaps it in, so a request keeps the table (and the replicas) it started with.
 Replica objects are carried from one table to the next by endpoint, because their health
 and in-flight counts describe the engine, not the plan that happened to list it.
+
+A replica endpoint with `discovery: dns` is a name that lists every instance (a Kubernetes
+headless Service, Consul, Nomad): its DnsGroup holds one Replica per address it resolved
+to, and changes as the answers do (gateway.discovery), while the table stays as it is.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+import ipaddress
 import itertools
 import json
 import math
 import random
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,6 +119,67 @@ class PrefixCounts:
     spills: int = 0
 
 
+class DnsGroup:
+    """The replicas a DNS name lists now, each with its own health and in-flight count.
+
+    A new address joins rotation after its first health check answers; one that leaves
+    the answer takes no new requests, and is forgotten once its last one finishes. When
+    the resolver fails, the last answer stands, and `error` says so for /readyz.
+    """
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        url = httpx.URL(endpoint)
+        self.host = url.host
+        self._scheme, self._port, self._path = url.scheme, url.port, url.path.rstrip("/")
+        self.replicas: tuple[Replica, ...] = ()
+        self.draining: dict[str, Replica] = {}
+        self.error: str | None = None
+        self.resolved_at: float | None = None
+        self.next_at = 0.0  # event-loop time of the next lookup
+
+    def member(self, address: str) -> str:
+        host = f"[{address}]" if ":" in address else address
+        port = f":{self._port}" if self._port else ""
+        return f"{self._scheme}://{host}{port}{self._path}"
+
+    def literal(self) -> str | None:
+        """The host when it is an address already: nothing to look up."""
+        try:
+            return str(ipaddress.ip_address(self.host))
+        except ValueError:
+            return None
+
+    def answered(self, addresses: list[str]) -> list[Replica]:
+        """Take a lookup's answer; returns the replicas that are new, to be checked at once."""
+        now = {r.endpoint: r for r in self.replicas}
+        joined: list[Replica] = []
+        kept: list[Replica] = []
+        for endpoint in dict.fromkeys(self.member(a) for a in sorted(addresses)):
+            replica = now.pop(endpoint, None) or self.draining.pop(endpoint, None)
+            if replica is None:
+                replica = Replica(endpoint)
+                replica.healthy = False  # listed is not ready: the first health check decides
+                joined.append(replica)
+            kept.append(replica)
+        self.draining.update(now)  # gone from the answer: no new requests, in-flight ones finish
+        self.replicas = tuple(kept)
+        self.error = None
+        self.resolved_at = time.time()
+        return joined
+
+    def failed(self, why: str) -> None:
+        self.error = why
+
+    def sweep(self) -> None:
+        """Forget the addresses that left the answer once nothing is in flight to them."""
+        for endpoint in [e for e, r in self.draining.items() if r.inflight <= 0]:
+            del self.draining[endpoint]
+
+    def everyone(self) -> list[Replica]:
+        return [*self.replicas, *self.draining.values()]
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -120,8 +187,15 @@ class Profile:
     weight: int
     replicas: tuple[Replica, ...]
     routing: str = "least-loaded"
+    groups: tuple[DnsGroup, ...] = ()
     prefix: PrefixCounts = field(default_factory=PrefixCounts, compare=False)
     _turns: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
+
+    def members(self) -> tuple[Replica, ...]:
+        """The planned replicas and, for each DNS name, the addresses it lists now."""
+        if not self.groups:
+            return self.replicas
+        return self.replicas + tuple(r for g in self.groups for r in g.replicas)
 
     def by_prefix(self, key: int, healthy: list[Replica]) -> list[Replica]:
         """Rendezvous (highest random weight) hashing with bounded load.
@@ -147,11 +221,12 @@ class Profile:
         """The replicas, starting one further along each time. "Fewest in flight" picks the
         first of equals, so without this, one client asking one question at a time would
         only ever reach the first replica."""
-        count = len(self.replicas)
+        members = self.members()
+        count = len(members)
         if count < 2:
-            return self.replicas
+            return members
         start = next(self._turns) % count
-        return self.replicas[start:] + self.replicas[:start]
+        return members[start:] + members[:start]
 
 
 @dataclass(frozen=True)
@@ -179,7 +254,7 @@ class Model:
                     healthy.remove(best)
 
     def has_replicas(self) -> bool:
-        return any(p.replicas for tier in self.tiers for p in tier)
+        return any(p.members() for tier in self.tiers for p in tier)
 
 
 def _inflight(replica: Replica) -> int:
@@ -204,6 +279,7 @@ class RouteTable:
         plan: Plan,
         created: int,
         replicas_before: Mapping[str, Replica] | None = None,
+        groups_before: Mapping[str, DnsGroup] | None = None,
     ) -> RouteTable:
         """The table for a plan that passed its schema; PlanError when it still cannot be routed.
 
@@ -212,7 +288,7 @@ class RouteTable:
         start) reads.
         """
         try:
-            return cls(plan, created, replicas_before)
+            return cls(plan, created, replicas_before, groups_before)
         except PlanError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
@@ -226,16 +302,22 @@ class RouteTable:
         plan: Plan,
         created: int,
         replicas_before: Mapping[str, Replica] | None = None,
+        groups_before: Mapping[str, DnsGroup] | None = None,
     ) -> None:
         self.plan = plan
         self.digest: str = plan.digest
         self.replicas: dict[str, Replica] = {}
+        # DNS names by endpoint, carried across reloads like replicas: what they resolved
+        # to, and each address's health, describe the cluster, not the plan.
+        self.groups: dict[str, DnsGroup] = {}
+        self._groups_before = groups_before or {}
         self.models: dict[str, Model] = {}
         self._by_name: dict[str, Model] = {}
         before = replicas_before or {}
         for planned in plan.models:
             model = self._model(planned, created, before)
             self.models[model.name] = model
+        self._groups_before = {}  # not kept alive past the reload that carried them
         for model in self.models.values():
             self._by_name[model.name] = model
         # Aliases never shadow a real name; the compiler lints such clashes, but a plan
@@ -254,9 +336,12 @@ class RouteTable:
         profiles = sorted(planned.profiles, key=lambda p: p.priority)  # stable: plan order
         tiers: dict[int, list[Profile]] = {}
         for p in profiles:
-            replicas = tuple(self._replica(r.endpoint, before, planned, p) for r in p.replicas)
+            replicas = tuple(
+                self._replica(r.endpoint, before, planned, p) for r in p.replicas if r.discovery is None
+            )
+            groups = tuple(self._group(r.endpoint) for r in p.replicas if r.discovery == "dns")
             routing = p.routing or ("least-loaded" if planned.task == "embedding" else "prefix")
-            profile = Profile(p.name, p.served_name, p.weight, replicas, routing)
+            profile = Profile(p.name, p.served_name, p.weight, replicas, routing, groups)
             tiers.setdefault(p.priority, []).append(profile)
         listing: dict[str, Any] = {
             "id": planned.name,
@@ -295,6 +380,20 @@ class RouteTable:
                 ) from None
         self.replicas[endpoint] = replica
         return replica
+
+    def _group(self, endpoint: str) -> DnsGroup:
+        group = self.groups.get(endpoint) or self._groups_before.get(endpoint) or DnsGroup(endpoint)
+        self.groups[endpoint] = group
+        return group
+
+    def every_replica(self) -> dict[str, Replica]:
+        """Planned and discovered replicas by endpoint: what health checks and /metrics cover."""
+        if not self.groups:
+            return self.replicas
+        out = dict(self.replicas)
+        for group in self.groups.values():
+            out.update((r.endpoint, r) for r in group.everyone())
+        return out
 
     def lookup(self, name: str) -> Model:
         """The model a client named, by name or alias; else the 404 it should see."""

@@ -51,6 +51,36 @@ def weights_for(model: PlanModel, cache: Path, progress: Progress | None = None)
     return str(path.resolve())
 
 
+def fetch_into(source: str, directory: Path, expected: int | None = None) -> Path:
+    """Download a model's weights into `directory`, at the path `engines.fetched_weights`
+    names, for an engine in a container (Kubernetes' init container). A file already there
+    whole is kept, so a pod restarted on a node with a persistent volume starts at once."""
+    if source.startswith("hf://"):
+        parts = [p for p in source[len("hf://") :].split("/") if p]
+        return _into_from_hub("/".join(parts[:2]), "/".join(parts[2:]) or None, directory)
+    if source.startswith(("https://", "http://")):
+        name = PurePosixPath(urlparse(source).path).name or "weights"
+        return _download_whole(source, directory / name, expected, None)
+    raise WeightsError(
+        f"{source} is a path on one machine, which a container cannot read; give the model an "
+        "hf:// or https:// source, or run it with the node agent on the machine that has the file."
+    )
+
+
+def _into_from_hub(repo_id: str, filename: str | None, directory: Path) -> Path:
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    what = f"hf://{repo_id}" + (f"/{filename}" if filename else "")
+    try:
+        if filename is None:
+            return Path(snapshot_download(repo_id, local_dir=directory))
+        return Path(hf_hub_download(repo_id, filename, local_dir=directory))
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        raise WeightsError(_refusal(status, what, str(exc).splitlines()[0])) from None
+
+
 def _from_hub(repo_id: str, filename: str, progress: Progress | None) -> str:
     # Imported here: huggingface_hub reads HF_ENDPOINT and HF_HOME when it is imported.
     from huggingface_hub import hf_hub_download
@@ -84,7 +114,11 @@ def _refusal(status: int | None, what: str, detail: str) -> str:
 def _from_url(url: str, cache: Path, expected: int | None, progress: Progress | None) -> Path:
     name = PurePosixPath(urlparse(url).path).name or "weights"
     folder = cache / hashlib.sha256(url.encode()).hexdigest()[:16]
-    target = folder / name
+    return _download_whole(url, folder / name, expected, progress)
+
+
+def _download_whole(url: str, target: Path, expected: int | None, progress: Progress | None) -> Path:
+    name, folder = target.name, target.parent
     if target.is_file() and (expected is None or target.stat().st_size == expected):
         return target
     folder.mkdir(parents=True, exist_ok=True)

@@ -287,6 +287,14 @@ def test_a_base_without_a_catalogue_shows_everything_added(repo: Path, tmp_path:
 # --- Deploy on merge --------------------------------------------------------------------
 
 
+# The repository variables of the Kubernetes path, unset: the job deploys to a gateway.
+NODE_AGENT_TARGET = {
+    f"vars.{name}": ""
+    for name in ("LLMGW_TARGET", "LLMGW_NAMESPACE", "LLMGW_CLUSTER_DOMAIN", "LLMGW_MANIFESTS_BRANCH",
+                 "LLMGW_GATEWAY_IMAGE")
+}
+
+
 def deploy(
     repo: Path, tmp_path: Path, gateway: FakeGateway, url: str | None = None, first_deploy: str = ""
 ) -> JobRun:
@@ -302,6 +310,7 @@ def deploy(
             "vars.LLMGW_GATEWAY_URL": gateway.url if url is None else url,
             "secrets.LLMGW_ADMIN_TOKEN": gateway.token,
             "vars.LLMGW_FIRST_DEPLOY": first_deploy,
+            **NODE_AGENT_TARGET,
         },
         stop_before=None if has_deploy else "Deploy",
     )
@@ -391,6 +400,7 @@ def test_deploy_stops_when_the_served_plan_cannot_be_fetched(repo: Path, tmp_pat
                 "vars.LLMGW_GATEWAY_URL": gateway.url,
                 "secrets.LLMGW_ADMIN_TOKEN": "wrong",
                 "vars.LLMGW_FIRST_DEPLOY": "",
+                **NODE_AGENT_TARGET,
             },
         )
     assert not job.succeeded and job.steps[-1].name == "Fetch the deployed plan", job

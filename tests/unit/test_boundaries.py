@@ -28,6 +28,8 @@ MODULES = sorted(
 )
 COMPILER_STAGES = ("llmgw.load", "llmgw.validate", "llmgw.lint", "llmgw.rules", "llmgw.place")
 RUNTIME = ("llmgw.gateway", "llmgw.node")
+# Renderers read only the plan too: what they need was decided when it was written.
+PLAN_READERS = (*RUNTIME, "llmgw.render")
 
 
 def _imports(module: str) -> tuple[int, list[str], str]:
@@ -56,16 +58,17 @@ def test_every_module_imports_on_its_own(imported: dict[str, tuple[int, list[str
     assert failed == {}
 
 
-def test_the_gateway_and_the_node_agent_import_nothing_of_the_compiler(
+def test_the_gateway_the_node_agent_and_renderers_import_nothing_of_the_compiler(
     imported: dict[str, tuple[int, list[str], str]],
 ) -> None:
     crossings = {
         module: [m for m in loaded if _under(m, COMPILER_STAGES)]
         for module, (_, loaded, _) in imported.items()
-        if _under(module, RUNTIME)
+        if _under(module, PLAN_READERS)
     }
     assert {m: c for m, c in crossings.items() if c} == {}
     assert any(_under(m, ("llmgw.node",)) for m in crossings), "the check saw the node agent"
+    assert "llmgw.render.kubernetes" in crossings, "the check saw the Kubernetes renderer"
 
 
 def test_the_compiler_imports_nothing_of_the_gateway_or_the_node_agent(

@@ -51,6 +51,9 @@
     if (banner) {
       document.getElementById("refusal-reason").textContent = status.refusal || "";
       banner.hidden = !status.refusal;
+      var errors = status.discovery_errors || [];
+      document.getElementById("discovery-reason").textContent = errors.join(" ");
+      document.getElementById("discovery").hidden = errors.length === 0;
     }
     var changed = document.getElementById("plan-changed");
     if (changed) changed.hidden = status.digest === digest;

@@ -1,0 +1,191 @@
+"""`llmgw render kubernetes`: manifests Kubernetes accepts, from the plan alone, the same bytes
+for the same plan, and command lines from the one function the node agent uses too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+from kubernetes_validate.utils import all_versions, major_minor
+from ruamel.yaml import YAML
+
+from llmgw.engines import engine_command
+from llmgw.plan import Plan, read_plan
+from llmgw.render.kubernetes import Options, WeightsVolume, render
+from tests.conftest import run_llmgw
+
+# The two newest minor versions kubernetes-validate has schemas for.
+MINORS = sorted({major_minor(v) for v in all_versions()}, key=lambda v: tuple(map(int, v.split("."))))[-2:]
+
+
+@pytest.fixture(scope="module")
+def k8s_plan(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
+    run = run_llmgw("plan", "--target", "kubernetes", "--out", out)
+    assert run.code == 0, run
+    return out
+
+
+@pytest.fixture(scope="module")
+def rendered(k8s_plan, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("manifests")
+    run = run_llmgw("render", "kubernetes", k8s_plan, "--out", out)
+    assert run.code == 0, run
+    return out
+
+
+def _documents(folder: Path) -> list[dict]:
+    yaml = YAML(typ="safe")
+    docs = []
+    for path in sorted(folder.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs += [d for d in yaml.load_all(path.read_text()) if d]
+    return docs
+
+
+def _objects(folder: Path, kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in _documents(folder) if d["kind"] == kind}
+
+
+@pytest.mark.parametrize("version", MINORS)
+def test_every_manifest_validates_against_the_kubernetes_schema(rendered, version):
+    assert len(MINORS) == 2
+    problems = []
+    for doc in _documents(rendered):
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message}")
+    assert problems == []
+
+
+def test_each_profile_is_a_deployment_a_headless_service_and_a_budget(rendered, k8s_plan):
+    plan = read_plan(k8s_plan)
+    workloads = {p.workload.name: p for m in plan.models for p in m.profiles if p.workload}
+    deployments = _objects(rendered, "Deployment")
+    services = _objects(rendered, "Service")
+    budgets = _objects(rendered, "PodDisruptionBudget")
+    assert set(workloads) | {"llmgw-gateway"} == set(deployments) == set(services) == set(budgets)
+    for name, profile in workloads.items():
+        assert deployments[name]["spec"]["replicas"] == profile.workload.replicas
+        assert services[name]["spec"]["clusterIP"] == "None", "headless: DNS lists every pod"
+        assert services[name]["spec"]["ports"][0]["port"] == plan.target.port
+
+
+def test_the_engine_command_is_the_node_agents_function_on_all_addresses(rendered, k8s_plan):
+    plan = read_plan(k8s_plan)
+    model = next(m for m in plan.models if m.name == "llama-3.1-8b")
+    profile = model.profiles[0]
+    expected = engine_command(
+        model, profile, profile.replicas[0],
+        weights="/weights/llama-3-1-8b-cpu/" + model.source.split("/", 4)[-1],
+        host="0.0.0.0", port=8080, executable="/app/llama-server",
+    )
+    pod = _objects(rendered, "Deployment")["llama-3-1-8b-cpu"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["command"] == list(expected.argv)
+
+
+def test_memory_gpus_selector_spread_and_probes_come_from_the_plan(rendered, k8s_plan):
+    plan = read_plan(k8s_plan)
+    gpu = next(p for m in plan.models for p in m.profiles if p.workload and p.gpus)
+    pod = _objects(rendered, "Deployment")[gpu.workload.name]["spec"]["template"]["spec"]
+    engine = pod["containers"][0]
+    assert engine["resources"]["limits"] == {"memory": f"{gpu.memory.gb:g}G", "nvidia.com/gpu": gpu.gpus}
+    assert engine["resources"]["requests"] == engine["resources"]["limits"]
+    assert "CUDA_VISIBLE_DEVICES" not in str(engine.get("env")), "the device plugin chooses the cards"
+    assert pod["nodeSelector"] == gpu.node_selector
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    assert engine["readinessProbe"]["httpGet"]["path"] == "/health"
+    startup = engine["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60, "a large model loads slowly"
+    assert pod["initContainers"][0]["command"][:2] == ["llmgw", "fetch"]
+
+
+def test_the_gateway_runs_twice_or_more_with_the_plan_in_a_configmap(rendered, k8s_plan):
+    gateway = _objects(rendered, "Deployment")["llmgw-gateway"]
+    assert gateway["spec"]["replicas"] >= 2
+    config = _objects(rendered, "ConfigMap")["llmgw-plan"]
+    assert config["data"]["plan.json"] == k8s_plan.read_text(), "the plan's own bytes, digest and all"
+    labels = gateway["metadata"]["labels"]
+    assert labels["app.kubernetes.io/part-of"] == "llmgw"
+    assert labels["app.kubernetes.io/component"] == "gateway"
+
+
+def test_kustomization_lists_every_file_in_the_folder(rendered):
+    kustomization = YAML(typ="safe").load((rendered / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted(
+        p.name for p in rendered.glob("*.yaml") if p.name != "kustomization.yaml"
+    )
+    assert kustomization["namespace"] == "llmgw"
+
+
+def test_the_same_plan_renders_the_same_bytes(rendered, k8s_plan, tmp_path):
+    again = tmp_path / "again"
+    assert run_llmgw("render", "kubernetes", k8s_plan, "--out", again).code == 0
+    first = {p.name: p.read_bytes() for p in rendered.iterdir()}
+    assert first == {p.name: p.read_bytes() for p in again.iterdir()}
+
+
+def test_images_are_overridden_per_engine(k8s_plan, tmp_path):
+    run = run_llmgw("render", "kubernetes", k8s_plan, "--out", "-",
+                    "--image", "llamacpp=registry.local/llama:1", "--image", "vllm=registry.local/vllm:2")
+    assert run.code == 0, run
+    images = {d["spec"]["template"]["spec"]["containers"][0]["image"]
+              for d in YAML(typ="safe").load_all(run.stdout) if d and d["kind"] == "Deployment"}
+    assert images - {"llmgw:0.1.0"} == {"registry.local/llama:1", "registry.local/vllm:2"}
+
+
+def test_an_unknown_engine_in_image_is_refused_with_a_sentence(k8s_plan):
+    run = run_llmgw("render", "kubernetes", k8s_plan, "--out", "-", "--image", "ollama=x")
+    assert run.code == 2 and "ENGINE=VALUE" in run.stderr, run
+
+
+def test_a_plan_for_the_node_agents_is_refused_saying_what_to_run(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert run_llmgw("plan", "--out", plan).code == 0
+    run = run_llmgw("render", "kubernetes", plan, "--out", "-")
+    assert run.code == 2 and "llmgw plan --target kubernetes" in run.stderr, run
+
+
+def test_a_model_dropped_from_the_plan_leaves_the_folder(k8s_plan, tmp_path):
+    out = tmp_path / "out"
+    assert run_llmgw("render", "kubernetes", k8s_plan, "--out", out).code == 0
+    (out / "engine-gone-cpu.yaml").write_text("# Written by `llmgw render kubernetes` (llmgw 0.0.1)\n")
+    (out / "engine-mine.yaml").write_text("# someone else's file\n")
+    assert run_llmgw("render", "kubernetes", k8s_plan, "--out", out).code == 0
+    assert not (out / "engine-gone-cpu.yaml").exists()
+    assert (out / "engine-mine.yaml").exists(), "only files the renderer wrote are removed"
+
+
+def test_weights_volume_kinds(k8s_plan):
+    plan = read_plan(k8s_plan)
+
+    def volume(kind: str) -> tuple[dict, dict]:
+        files = render(plan, Options(weights=WeightsVolume.parse(kind)))
+        doc = next(YAML(typ="safe").load_all(files["engine-llama-3-1-8b-cpu.yaml"]))
+        pod = doc["spec"]["template"]["spec"]
+        return pod["volumes"][0], pod["containers"][0]["volumeMounts"][0]
+
+    assert volume("emptyDir")[0] == {"name": "weights", "emptyDir": {}}
+    claim, mount = volume("pvc:model-weights")
+    assert claim["persistentVolumeClaim"] == {"claimName": "model-weights"}
+    assert mount["subPath"] == "llama-3-1-8b-cpu", "one claim, a folder per workload"
+    host, _ = volume("hostPath:/var/lib/llmgw")
+    assert host["hostPath"]["path"] == "/var/lib/llmgw/llama-3-1-8b-cpu"
+    with pytest.raises(Exception, match="emptyDir, pvc:CLAIM or hostPath"):
+        WeightsVolume.parse("nfs:server")
+
+
+def test_a_local_weights_path_is_refused_since_no_pod_can_read_it(k8s_plan):
+    plan = read_plan(k8s_plan)
+    doc = plan.doc
+    doc = {**doc, "models": [{**m, "source": "./weights/model.gguf"} for m in doc["models"]]}
+    with pytest.raises(Exception, match="hf:// or https://"):
+        render(Plan.of(doc), Options())
+
+
+def test_fewer_than_two_gateways_is_refused(k8s_plan):
+    run = run_llmgw("render", "kubernetes", k8s_plan, "--out", "-", "--gateway-replicas", "1")
+    assert run.code == 2 and "at least 2" in run.stderr, run
