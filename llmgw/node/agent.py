@@ -209,7 +209,8 @@ class Runner:
             adopted = None
             if ready_for >= BACKOFF_RESET_AFTER_S:
                 delay = BACKOFF_FIRST_S
-            self._set("backoff", self.message)
+            if self.state != "failed":  # a failure before the start stays "failed" while it waits
+                self._set("backoff", self.message)
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
             self.restarts += 1

@@ -229,7 +229,7 @@ def test_a_missing_engine_says_what_to_install_and_which_variable_to_set(
     fleet.plan({"a.yaml": chat_model("a")})
     agent = run_agent(agents, fleet, bin_dir, LLMGW_LLAMA_SERVER=str(bin_dir / "no-such-server"))
     failed = wait_for(lambda: (r := agent.replicas()["a"]) and r["message"] and r, 20, "a message", agent)
-    assert failed["state"] in ("failed", "backoff")
+    assert failed["state"] == "failed", "it stays failed, with its sentence, while it waits to try again"
     assert "LLMGW_LLAMA_SERVER" in failed["message"] and "llama-server" in failed["message"]
     assert agent.proc is not None and agent.proc.poll() is None, "the agent itself keeps running"
 
@@ -247,6 +247,7 @@ def test_a_port_held_by_another_process_is_a_state_not_a_crash(
         agent = run_agent(agents, fleet, bin_dir)
         failed = wait_for(lambda: (r := agent.replicas()["a"]) and r["message"] and r, 20, "a message", agent)
         assert f"port {port} on 127.0.0.1 is held by another process" in failed["message"]
+        assert failed["state"] == "failed"
         assert agent.started() == []
     agent.wait_state("a", "ready", timeout=30)
 
