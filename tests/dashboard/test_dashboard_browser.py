@@ -309,7 +309,7 @@ def test_replica_health_updates_live_without_reloading(desktop: Page, gateway: G
     try:
         _wait_for_health(desktop, "llama-3.1-8b", "1/2")
         profile = desktop.page.locator('tbody[data-model="llama-3.1-8b"] [data-profile="cpu"]')
-        assert profile.inner_text().endswith("1/2")
+        assert profile.locator(".count").inner_text() == "1/2", profile.inner_text()
     finally:
         gateway.upstreams[1].healthy = True
     _wait_for_health(desktop, "llama-3.1-8b", "2/2")

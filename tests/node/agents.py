@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,25 @@ from tests.gateway.harness import ROOT, free_port
 
 STAND_IN = Path(__file__).with_name("stand_in_engine.py")
 NODE = "local"
+
+
+def free_range(count: int) -> int:
+    """The first of `count` consecutive ports that are free now: a range from one free port
+    once collided with a port another test's process held (a failed run, not a failed agent)."""
+    for _ in range(50):
+        first = free_port()
+        if first + count < 65536 and all(_bindable(port) for port in range(first, first + count)):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def stand_in_bin(folder: Path, *names: str) -> Path:
@@ -48,14 +68,14 @@ class Fleet:
         self.catalog = root / "catalog"
         self.catalog.mkdir(parents=True, exist_ok=True)
         (self.catalog / "weights.gguf").write_bytes(b"GGUF" + bytes(64))
-        first = free_port()
+        first = free_range(24)
         gpu_line = f"    gpus: {{count: {gpus}, memory_gb: 80}}\n" if gpus else ""
         self.fleet = root / "fleet.yaml"
         self.fleet.write_text(
             "nodes:\n"
             f"  - name: {NODE}\n    address: 127.0.0.1\n    memory_gb: 16\n{gpu_line}"
             "    engines: [llamacpp, vllm]\n"
-            f"    ports: {{first: {first}, last: {first + 40}}}\n"
+            f"    ports: {{first: {first}, last: {first + 23}}}\n"
         )
         if others:  # a second node, so tests see the agent leave other nodes' replicas alone
             self.fleet.write_text(
