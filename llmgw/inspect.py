@@ -91,6 +91,7 @@ def architecture_block(h: Header) -> dict[str, Any] | None:
     block: dict[str, Any] = {
         "name": h.architecture,
         "layers": h.layers,
+        "heads": h.heads,
         "kv_heads": h.kv_heads,
         "head_dim": h.key_length,
         "value_dim": h.value_length,
