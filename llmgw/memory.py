@@ -39,14 +39,17 @@ DEFAULT_UBATCH = 512
 # With --parallel left to llama-server, it runs 4 slots that share one (unified) cache.
 AUTO_SLOTS = 4
 # What llama-server holds beside weights, cache and compute buffers: the binary and its
-# libraries, the tokenizer's tables, threads, the HTTP server, and a request's working memory
-# (prompt, tokens, response). Measured with Gemma 3 270M by bench/memory.py; see the README.
+# libraries, the tokenizer's tables, threads, the HTTP server, and a request's working memory.
+# A little of it grows with the context (the cells' bookkeeping, the prompt's tokens and their
+# copies): between 0.2 and 1 KiB a cell over runs. Not derived: fitted to Gemma 3 270M by
+# bench/memory.py (see the README), and rounded up.
 ENGINE_BYTES = 80 * MiB
+ENGINE_BYTES_PER_CELL = 512
 # llama-server copies the window of a sliding-window model's cache as a "context checkpoint",
-# so a later request sharing the prompt need not reprocess it: at most 32 per slot, one every
-# 8192 tokens (--ctx-checkpoints, --checkpoint-min-step), and another near a prompt's end.
-CHECKPOINT_SPACING = 8192
-MAX_CHECKPOINTS = 32
+# so a later request sharing the prompt need not reprocess it: two near the end of each prompt
+# (measured at every size). They persist per slot up to --ctx-checkpoints (32) when later
+# prompts extend earlier ones; that case is not counted here.
+CHECKPOINTS_PER_PROMPT = 2
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,8 @@ class LlamaCpp:
         written = arch.kv_bytes if arch.kv_bytes is not None else 2.0
         bytes_k = CACHE_TYPE_BYTES.get(k, written)
         bytes_v = CACHE_TYPE_BYTES.get(v, written)
-        names = (k or "f16", v or "f16") if arch.kv_bytes is None else (k or f"{written:g} bytes",
-                                                                          v or f"{written:g} bytes")
+        default = "f16" if arch.kv_bytes is None else f"{written:g} bytes"
+        names = (k or default, v or default)
         return cls(
             slots=profile.slots if explicit else AUTO_SLOTS,
             unified=unified,
@@ -191,13 +194,15 @@ def compute_bytes(arch: Architecture, ctx: int, engine: LlamaCpp) -> float:
 
 
 def checkpoint_bytes(arch: Architecture, ctx: int, engine: LlamaCpp) -> float:
-    """Context checkpoints of a prompt that fills one slot's share of the context."""
+    """The context checkpoints one prompt leaves: each the window of every local layer."""
     if not arch.local_layers or engine.swa_full or not arch.sliding_window:
         return 0.0
     per_cell = arch.kv_heads * (arch.head_dim * engine.bytes_k + arch.value_size * engine.bytes_v)
-    per_request = cells(ctx) // (1 if engine.unified else engine.slots)
-    count = min(MAX_CHECKPOINTS, per_request // CHECKPOINT_SPACING + 2)
-    return count * per_cell * arch.local_layers * arch.sliding_window
+    return CHECKPOINTS_PER_PROMPT * per_cell * arch.local_layers * arch.sliding_window
+
+
+def engine_bytes(ctx: int) -> float:
+    return float(ENGINE_BYTES + ENGINE_BYTES_PER_CELL * cells(ctx))
 
 
 def _llamacpp(arch: Architecture, profile: Profile, ctx: int, weights: int, source: str) -> Memory:
@@ -205,7 +210,8 @@ def _llamacpp(arch: Architecture, profile: Profile, ctx: int, weights: int, sour
     kv = kv_cache_bytes(arch, ctx, engine)
     compute = compute_bytes(arch, ctx, engine)
     checkpoints = checkpoint_bytes(arch, ctx, engine)
-    total = weights + kv + compute + checkpoints + ENGINE_BYTES
+    server = engine_bytes(ctx)
+    total = weights + kv + compute + checkpoints + server
     layout = ""
     if arch.local_layers and not engine.swa_full:
         layout = f"; {arch.local_layers} of {arch.layers} layers at the {arch.sliding_window}-token window"
@@ -215,7 +221,7 @@ def _llamacpp(arch: Architecture, profile: Profile, ctx: int, weights: int, sour
         f"weights {weights / GB:.2f} GB + KV cache {kv / GB:.2f} GB for ctx_size {ctx} "
         f"({engine.cache_types}{layout}) + compute buffers {compute / GB:.2f} GB "
         + (f"+ context checkpoints {checkpoints / GB:.2f} GB " if checkpoints else "")
-        + f"+ llama-server {ENGINE_BYTES / GB:.2f} GB; architecture from {source}",
+        + f"+ llama-server {server / GB:.2f} GB; architecture from {source}",
     )
 
 

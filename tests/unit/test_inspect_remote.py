@@ -98,14 +98,15 @@ def test_ranges_fetch_the_header_and_not_the_weights(hub, gemma_gguf):
     assert result.header.architecture == "gemma3"
     # Ranges of 1, 2 and 4 MiB for a 6.5 MB header: three requests, under twice what it needs.
     assert len(hub.requests) == 3, hub.requests
-    assert hub.served == 7 * FIRST_RANGE
+    # The reader hangs up once it has the header, so the last range may be served in part.
+    assert 2 * FIRST_RANGE < hub.served <= 7 * FIRST_RANGE, hub.served
     assert hub.requests[0][1]["Range"] == f"bytes=0-{FIRST_RANGE - 1}"
 
 
 def test_a_small_header_costs_one_request(hub, tmp_path):
     hub.prefix = _header_of(write_gguf(tmp_path / "m.gguf"))
     assert inspect(f"{hub.url}/m.gguf").header.layers == 4
-    assert len(hub.requests) == 1 and hub.served == FIRST_RANGE
+    assert len(hub.requests) == 1 and hub.served <= FIRST_RANGE
 
 
 def test_a_file_shorter_than_the_first_range_is_read_whole(hub, tmp_path):
@@ -166,7 +167,7 @@ def test_a_remote_file_that_is_not_gguf(hub):
     hub.prefix = b"<html>not found</html>"
     with pytest.raises(InspectError, match="is not a GGUF file"):
         inspect(f"{hub.url}/page.gguf")
-    assert hub.served == FIRST_RANGE
+    assert len(hub.requests) == 1 and hub.served <= FIRST_RANGE
 
 
 def test_a_remote_header_cut_short(hub, gemma_gguf):
