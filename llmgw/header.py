@@ -32,7 +32,8 @@ SWA_PERIOD_BY_ARCHITECTURE = {"gemma2": 2, "gemma3": 6, "gemma-embedding": 6, "c
 
 
 class Stream(Protocol):
-    """Bytes in order: `read(n)` gives at most n, and b"" at the end."""
+    """Bytes in order: `read(n)` gives the next bytes (about n; a remote reader gives what
+    arrived), and b"" at the end."""
 
     def read(self, n: int) -> bytes: ...
 
