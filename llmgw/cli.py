@@ -203,6 +203,50 @@ def _write_atomically(path: Path, text: str) -> None:
         ) from None
 
 
+@main.command("inspect")
+@click.argument("source")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "text", "yaml"]),
+    default="text",
+    show_default=True,
+)
+@click.option(
+    "--write",
+    is_flag=True,
+    help="SOURCE is a model file: fill its weights_bytes and architecture from the header.",
+)
+def inspect_command(source: str, fmt: str, write: bool) -> None:
+    """Read a GGUF file's header and print what it says about the model.
+
+    SOURCE is a local path, https://…, hf://org/repo/file.gguf, or a model file
+    (catalog/NAME.yaml), whose source is read. Only the header is fetched: a few megabytes
+    of a remote file, by HTTP Range requests (HF_TOKEN and HF_ENDPOINT apply to hf://).
+    """
+    from llmgw.inspect import inspect, is_model_file, model_file_source, write_facts
+    from llmgw.report.inspect_formats import INSPECT_REPORTERS
+
+    model_file = Path(source) if is_model_file(source) else None
+    if write and model_file is None:
+        raise click.BadParameter(
+            f"--write fills in a model file, and {source} is not one; give catalog/NAME.yaml.",
+            param_hint="--write",
+        )
+    if model_file is not None:
+        result = inspect(model_file_source(model_file), base_dir=model_file.parent)
+    else:
+        result = inspect(source)
+    INSPECT_REPORTERS[fmt](result.facts(), sys.stdout)
+    if model_file is None or not write:
+        return
+    changed = write_facts(model_file, result)
+    if changed:
+        click.echo(f"Wrote {' and '.join(changed)} into {model_file}.", err=True)
+    else:
+        click.echo(f"{model_file} already says what the header says; nothing written.", err=True)
+
+
 # GitOps commands: diff, pr-comment, inventory. Imports are local so `llmgw lint` does not
 # pay for httpx; the logic lives in llmgw.diff, llmgw.gitea and llmgw.inventory.
 

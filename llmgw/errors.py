@@ -10,6 +10,7 @@
         ReadOnlyFork        a fork's read-only token: a warning, not a failed job
       NodeError             the node agent cannot run as asked (node.agent)
       WeightsError          a replica's weights cannot be had; the agent retries (node.weights)
+      InspectError          a GGUF header cannot be fetched or read (header, fetch, inspect)
 
 Findings (lint results) are not errors: they are collected and reported. The gateway's
 answers to clients are not either: `gateway.errors.ApiError` is an HTTP response in
@@ -43,3 +44,7 @@ class FleetError(UsageError):
 
 class PlanError(LlmgwError):
     pass
+
+
+class InspectError(LlmgwError):
+    """The file is not a GGUF, its header is cut short, or the server would not give it."""

@@ -26,10 +26,35 @@ class _Frozen(BaseModel):
 
 
 class Architecture(_Frozen):
+    """What the memory estimate needs of a model's shape: written in the model file, or read
+    from its GGUF header (`llmgw inspect` prints it, and --write fills it in)."""
+
+    name: str | None = None
     layers: int
+    heads: int | None = None
     kv_heads: int
-    head_dim: int
-    kv_bytes: float = 2
+    head_dim: int  # the key's size per head
+    value_dim: int | None = None  # the value's, when it differs
+    kv_bytes: float | None = None  # None: f16, unless the profile's --cache-type-k/-v say otherwise
+    sliding_window: int | None = None
+    sliding_window_layers: int = 0  # layers that attend to the window only
+    embedding_length: int | None = None
+    feed_forward_length: int | None = None
+    vocab_size: int | None = None
+    trained_context: int | None = None
+
+    @property
+    def value_size(self) -> int:
+        return self.value_dim or self.head_dim
+
+    @property
+    def local_layers(self) -> int:
+        return min(self.sliding_window_layers, self.layers) if self.sliding_window else 0
+
+    @property
+    def sized(self) -> bool:
+        """Enough to size llama.cpp's compute buffers, rather than guess them from the weights."""
+        return bool(self.embedding_length and self.feed_forward_length and self.vocab_size)
 
 
 class Profile(_Frozen):

