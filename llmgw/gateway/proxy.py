@@ -38,6 +38,7 @@ from llmgw.gateway.access import Access
 from llmgw.gateway.config import Settings
 from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
+from llmgw.gateway.outlier import Outliers, RetryBudget
 from llmgw.gateway.rename import EventRename, JsonRename
 from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, prefix_key
 
@@ -106,8 +107,13 @@ class Proxy:
         health: Health,
         settings: Settings,
         access: Access,
+        outliers: Outliers,
+        budget: RetryBudget,
     ) -> None:
         self.kind = kind
+        self.outliers = outliers
+        self.budget = budget
+        self.max_response = settings.max_response_bytes
         self.path = UPSTREAM_PATHS[kind]
         self.client = client
         self.health = health
@@ -187,8 +193,26 @@ class Proxy:
         # The first 500 from a live engine, held until another replica has had the request:
         # only then is it known whose fault it was (see `_blame`).
         faulted: Answer | None = None
+        self.budget.request()
         try:
             for profile, replica in model.candidates(key):
+                if tried and not self.budget.allow():
+                    # Past the budget the first failure is the answer: when every replica
+                    # is failing, asking each of them too would only double their load.
+                    log.warning(
+                        "request %s not retried: the retry budget is spent (%s)", ctx.request_id, last
+                    )
+                    if faulted is not None:
+                        ctx.ttfb = time.perf_counter() - ctx.start
+                        return faulted
+                    raise ApiError(
+                        502,
+                        f"{model.name} could not answer: {last}. The gateway did not try another "
+                        "replica because many requests are failing right now (its retry budget "
+                        "is spent); retry shortly.",
+                        type="upstream_error",
+                        code="upstream_unreachable",
+                    )
                 tried += 1
                 served = profile.served_name
                 if served == requested:
@@ -219,9 +243,10 @@ class Proxy:
                     replica.inflight -= 1
                     break
                 if faulted is not None:
-                    self._blame(faulted, replica)
+                    self._blame(model, faulted, replica)
                     faulted = None
                 replica.failures = 0
+                self.outliers.answered(replica)
                 ctx.ttfb = time.perf_counter() - ctx.start
                 return answer
         except BaseException:
@@ -263,10 +288,12 @@ class Proxy:
             replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
+            self.outliers.failed(model, replica, f"request failed: {type(exc).__name__}")
             return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
         except (TimeoutError, httpx.TimeoutException):
             replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
+            self.outliers.failed(model, replica, f"no first byte within {self.first_byte_timeout:g}s")
             raise ApiError(
                 504,
                 f"{model.name} did not start answering within {self.first_byte_timeout:g}s "
@@ -290,10 +317,11 @@ class Proxy:
             replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
             self.health.failed(replica, f"answered {status}")
+            self.outliers.failed(model, replica, f"answered {status}")
             return f"{replica.endpoint} answered {status}"
         return answer
 
-    def _blame(self, faulted: Answer, other: Replica) -> None:
+    def _blame(self, model: Model, faulted: Answer, other: Replica) -> None:
         """`other` answered the request `faulted`'s replica failed: the replica is at fault.
 
         Only then: any 5xx once counted against a replica, and six requests whose content
@@ -301,7 +329,9 @@ class Proxy:
         """
         faulted.replica.inflight -= 1
         status = faulted.upstream.status_code
-        self.health.failed(faulted.replica, f"answered {status} to a request {other.endpoint} answered")
+        why = f"answered {status} to a request {other.endpoint} answered"
+        self.health.failed(faulted.replica, why)
+        self.outliers.failed(model, faulted.replica, why)
 
     async def _attempt(self, outgoing: httpx.Request, replica: Replica, watch: Disconnect) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
