@@ -21,7 +21,7 @@ from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.health import Health
 from llmgw.gateway.outlier import Outliers, RetryBudget, replica_states
-from llmgw.gateway.proxy import Proxy
+from llmgw.gateway.proxy import AnswerCut, Proxy
 from llmgw.gateway.reload import PlanState
 from llmgw.gateway.resources import AdminPlan, Healthz, Metrics, Models, Readyz
 from llmgw.gateway.routing import RouteTable
@@ -107,7 +107,7 @@ class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generi
         timed = scope["llmgw.send"] = TimedSend(send, self.write_timeout)
         try:
             await super().__call__(scope, body.receive, timed.send)
-        except ClientStalled:
+        except (ClientStalled, AnswerCut):
             # The response is unfinished: returning now has the server close the
             # connection (and log that it did).
             pass

@@ -157,8 +157,11 @@ class Proxy:
             watch.stop()
             raise
         ctx.replica = answer.replica.endpoint
-        ctx.streaming = True
         upstream = answer.upstream
+        length = upstream.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_response:
+            await self._refuse_too_large(answer, watch, int(length))
+        ctx.streaming = True
         resp.status = upstream.status_code
         # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
         # would have a browser render its bytes as a page of this gateway's origin.
@@ -321,6 +324,21 @@ class Proxy:
             return f"{replica.endpoint} answered {status}"
         return answer
 
+    async def _refuse_too_large(self, answer: Answer, watch: Disconnect, length: int) -> None:
+        # Said before a byte of it is sent: the client gets a clean error, not a cut body.
+        watch.stop()
+        answer.replica.inflight -= 1
+        await answer.upstream.aclose()
+        metrics.UPSTREAM_ERRORS.labels(answer.replica.endpoint, "too_large").inc()
+        raise ApiError(
+            502,
+            f"Replica {answer.replica.endpoint} announced an answer of {length} bytes, over the "
+            f"gateway's limit of {self.max_response} (LLMGW_MAX_RESPONSE_BYTES); the engine is "
+            "misbehaving, or the limit needs raising.",
+            type="upstream_error",
+            code="upstream_answer_too_large",
+        )
+
     def _blame(self, model: Model, faulted: Answer, other: Replica) -> None:
         """`other` answered the request `faulted`'s replica failed: the replica is at fault.
 
@@ -378,6 +396,10 @@ async def _nothing() -> AsyncIterator[bytes]:
     yield  # an async generator that yields nothing
 
 
+class AnswerCut(Exception):
+    """A JSON answer ended early: the server must drop the connection, not end the body."""
+
+
 class Answer:
     """A replica's answer whose first body bytes are in hand: what may go to the client."""
 
@@ -417,6 +439,8 @@ class Relay:
         self.first: bytes | None = answer.first or None
         self.status = answer.upstream.status_code
         self.closed = False
+        self.event_stream = isinstance(rename, EventRename)
+        self.relayed = 0
 
     def __aiter__(self) -> Relay:
         return self
@@ -426,11 +450,24 @@ class Relay:
             raise StopAsyncIteration
         if self.first is not None:
             first, self.first = self.first, None
-            return first
+            return await self._counted(first)
         while True:  # a chunk the rename holds on to is not worth a send of nothing
             chunk = await self._next()
             if chunk:
-                return chunk
+                return await self._counted(chunk)
+
+    async def _counted(self, chunk: bytes) -> bytes:
+        # An answer with no declared length (chunked, or one that never ends) is counted as
+        # it goes: relaying it without limit would keep a worker and a client busy forever.
+        self.relayed += len(chunk)
+        if self.relayed <= self.proxy.max_response or self.closed:
+            return chunk
+        limit = self.proxy.max_response
+        return await self._cut(
+            "too_large",
+            f"The answer was cut off: replica {self.replica.endpoint} sent more than the gateway's "
+            f"limit of {limit} bytes (LLMGW_MAX_RESPONSE_BYTES).",
+        )
 
     async def _next(self) -> bytes:
         self.watch.waiting = True
@@ -439,6 +476,14 @@ class Relay:
                 chunk = self.rename.feed(await self.chunks.__anext__())
         except StopAsyncIteration:
             rest = self.rename.flush()
+            if self.event_stream and rest and not rest.endswith(b"\n"):
+                # The stream ended inside an event: a client would read half an event as
+                # a whole one, or wait for the rest. Dropped, and said so instead.
+                return await self._cut(
+                    "broken",
+                    f"The answer was cut off: replica {self.replica.endpoint} ended its event "
+                    "stream in the middle of an event.",
+                )
             await self.close()
             if rest:
                 return rest
@@ -456,24 +501,30 @@ class Relay:
         return chunk
 
     async def _broken(self, exc: BaseException) -> bytes:
-        # The client has part of an answer; all we can do is say so where it will be read.
-        endpoint = self.replica.endpoint
         kind = "timeout" if isinstance(exc, (TimeoutError, httpx.TimeoutException)) else "broken"
+        message = f"The answer was cut off: replica {self.replica.endpoint} " + (
+            "stopped sending." if kind == "timeout" else "broke the connection."
+        )
+        return await self._cut(kind, message, why=type(exc).__name__)
+
+    async def _cut(self, kind: str, message: str, why: str | None = None) -> bytes:
+        """End an answer the client has part of; all we can do is say so where it will be
+        read: a final error event in a stream, after the last whole event. A JSON answer
+        has nowhere to say it, so the connection is dropped before the body's end, which
+        every HTTP client reports as an incomplete answer rather than reading half a body
+        as a whole one."""
+        endpoint = self.replica.endpoint
         metrics.UPSTREAM_ERRORS.labels(endpoint, kind).inc()
         log.warning(
             "answer from %s cut off (%s) for request %s",
             endpoint,
-            type(exc).__name__,
+            why or kind,
             self.req.context.request_id,
         )
-        self.status = 502 if kind == "broken" else 504
-        event_stream = self.upstream.headers.get("content-type", "").startswith("text/event-stream")
+        self.status = 504 if kind == "timeout" else 502
         await self.close()
-        if not event_stream:
-            raise StopAsyncIteration
-        message = f"The answer was cut off: replica {endpoint} " + (
-            "stopped sending." if kind == "timeout" else "broke the connection."
-        )
+        if not self.event_stream:
+            raise AnswerCut(message)
         return b"data: " + error_body(message, "upstream_error") + b"\n\n"
 
     async def close(self) -> None:
