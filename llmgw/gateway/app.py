@@ -20,6 +20,7 @@ from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
 from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.health import Health
+from llmgw.gateway.openapi import OpenApi
 from llmgw.gateway.outlier import Outliers, RetryBudget, replica_states
 from llmgw.gateway.proxy import AnswerCut, Proxy
 from llmgw.gateway.reload import PlanState
@@ -187,6 +188,7 @@ def create_app(
     ):
         app.add_route(path, Proxy(kind, client, health, settings, access, outliers, budget))
     app.add_route("/healthz", Healthz())
+    app.add_route("/openapi.json", OpenApi())
     app.add_route("/readyz", Readyz(state, settings.metrics_token))
     app.add_route("/metrics", Metrics(state, settings.metrics_token))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
