@@ -20,7 +20,9 @@ from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
 from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.health import Health
-from llmgw.gateway.proxy import Proxy
+from llmgw.gateway.openapi import OpenApi
+from llmgw.gateway.outlier import Outliers, RetryBudget, replica_states
+from llmgw.gateway.proxy import AnswerCut, Proxy
 from llmgw.gateway.reload import PlanState
 from llmgw.gateway.resources import AdminPlan, Healthz, Metrics, Models, Readyz
 from llmgw.gateway.routing import RouteTable
@@ -106,7 +108,7 @@ class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generi
         timed = scope["llmgw.send"] = TimedSend(send, self.write_timeout)
         try:
             await super().__call__(scope, body.receive, timed.send)
-        except ClientStalled:
+        except (ClientStalled, AnswerCut):
             # The response is unfinished: returning now has the server close the
             # connection (and log that it did).
             pass
@@ -175,13 +177,18 @@ def create_app(
     app.add_route("/v1/models", models)
     # `path`, because names may hold a slash (org/model, as vLLM serves them).
     app.add_route("/v1/models/{model_id:path}", models, suffix="item")
+    # One of each per worker, shared by the three endpoints: a replica failing chat
+    # requests is the same replica failing completions.
+    outliers = Outliers(settings.eject_after, settings.eject_time, settings.eject_max_time)
+    budget = RetryBudget(settings.retry_budget, settings.retry_floor)
     for kind, path in (
         ("chat", "/v1/chat/completions"),
         ("completion", "/v1/completions"),
         ("embedding", "/v1/embeddings"),
     ):
-        app.add_route(path, Proxy(kind, client, health, settings, access))
+        app.add_route(path, Proxy(kind, client, health, settings, access, outliers, budget))
     app.add_route("/healthz", Healthz())
+    app.add_route("/openapi.json", OpenApi())
     app.add_route("/readyz", Readyz(state, settings.metrics_token))
     app.add_route("/metrics", Metrics(state, settings.metrics_token))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
@@ -198,6 +205,7 @@ def _add_dashboard(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Respons
             refusal=state.refusal,
             healthy=_healthy(table),
             discovery_errors=tuple(g.error for g in table.groups.values() if g.error),
+            replicas=replica_states(table.every_replica().values()),
             prefix={
                 (m.name, p.name): (p.prefix.hits, p.prefix.spills)
                 for m in table.models.values()

@@ -41,6 +41,15 @@ class Settings:
     # Where DNS names that list replicas are looked up: None for the system's resolvers.
     dns_servers: tuple[tuple[str, int], ...] | None = None
     dns_interval: float = 5.0  # the longest an answer is kept, whatever its TTL says
+    # Outlier ejection and the retry budget (see gateway/outlier.py).
+    eject_after: int = 5
+    eject_time: float = 30.0
+    eject_max_time: float = 600.0
+    retry_budget: float = 0.2
+    retry_floor: int = 10  # per 10 s window: about one retry a second even when idle
+    # An answer is cut off past this many bytes: no engine's honest answer comes near it,
+    # and relaying an endless one would tie up a worker and the client's memory.
+    max_response_bytes: int = 64 * 1024 * 1024
 
 
 # name -> (field, parser); the README's table of variables is this table.
@@ -53,6 +62,9 @@ _FLOATS = {
     "LLMGW_HEADER_TIMEOUT": "header_timeout",
     "LLMGW_BODY_TIMEOUT": "body_timeout",
     "LLMGW_DNS_INTERVAL": "dns_interval",
+    "LLMGW_EJECT_TIME": "eject_time",
+    "LLMGW_EJECT_MAX_TIME": "eject_max_time",
+    "LLMGW_RETRY_BUDGET": "retry_budget",
 }
 _INTS = {
     "LLMGW_HEALTH_FAILURES": "health_failures",
@@ -60,6 +72,9 @@ _INTS = {
     "LLMGW_MAX_HEADER_BYTES": "max_header_bytes",
     "LLMGW_MAX_HEADERS": "max_headers",
     "LLMGW_MAX_CONNECTIONS": "max_connections",
+    "LLMGW_EJECT_AFTER": "eject_after",
+    "LLMGW_RETRY_FLOOR": "retry_floor",
+    "LLMGW_MAX_RESPONSE_BYTES": "max_response_bytes",
 }
 
 

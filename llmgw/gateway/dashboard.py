@@ -63,6 +63,9 @@ class DashboardSnapshot:
     prefix: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     # DNS names whose last lookup failed: their last answer still routes.
     discovery_errors: tuple[str, ...] = ()
+    # Per replica endpoint: in rotation, ejected or on trial, and its ejection counts
+    # (gateway.outlier.replica_states).
+    replicas: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
                     "healthy": healthy_count(p.endpoints, snapshot.healthy),
                     "placed": len(p.endpoints),
                     "routing": p.routing,
+                    "replicas": {e: snapshot.replicas[e] for e in p.endpoints if e in snapshot.replicas},
                     **_prefix_counts(snapshot, m.name, p),
                 }
                 for p in m.profiles

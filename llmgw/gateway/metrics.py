@@ -71,6 +71,31 @@ REPLICA_HEALTHY = Gauge(
     ["replica"],
     multiprocess_mode="liveall",
 )
+REPLICA_EJECTED = Gauge(
+    "llmgw_replica_ejected",
+    "1 while a replica is ejected for failing real requests (outlier ejection), per worker.",
+    ["replica"],
+    multiprocess_mode="liveall",
+)
+EJECTIONS = Counter(
+    "llmgw_ejections", "Replicas ejected for failing real requests in a row.", ["replica"]
+)
+EJECTION_RETURNS = Counter(
+    "llmgw_ejection_returns",
+    "Ejected replicas back to full traffic after a successful trial request.",
+    ["replica"],
+)
+EJECTIONS_SKIPPED = Counter(
+    "llmgw_ejections_skipped",
+    "Ejections not made because more than half of a model's replicas would be out.",
+    ["replica"],
+)
+RETRIES = Counter(
+    "llmgw_retries",
+    "Requests tried again on another replica (made), or not because the retry budget was "
+    "spent (refused).",
+    ["result"],
+)
 PLAN_INFO = Gauge(
     "llmgw_plan_info",
     "1 for the plan digest a worker serves.",
@@ -113,7 +138,7 @@ class _Served:
         for metric in self.registry.collect():
             if metric.name == "llmgw_plan_info":
                 metric.samples = [s for s in metric.samples if s.value != 0]
-            elif metric.name == "llmgw_replica_healthy":
+            elif metric.name in ("llmgw_replica_healthy", "llmgw_replica_ejected"):
                 metric.samples = [s for s in metric.samples if s.labels.get("replica") in self.replicas]
             elif metric.name in _BY_MODEL:
                 metric.samples = [s for s in metric.samples if s.labels.get("model") in self.models]

@@ -38,6 +38,7 @@ from llmgw.gateway.access import Access
 from llmgw.gateway.config import Settings
 from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
+from llmgw.gateway.outlier import Outliers, RetryBudget
 from llmgw.gateway.rename import EventRename, JsonRename
 from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, prefix_key
 
@@ -106,8 +107,13 @@ class Proxy:
         health: Health,
         settings: Settings,
         access: Access,
+        outliers: Outliers,
+        budget: RetryBudget,
     ) -> None:
         self.kind = kind
+        self.outliers = outliers
+        self.budget = budget
+        self.max_response = settings.max_response_bytes
         self.path = UPSTREAM_PATHS[kind]
         self.client = client
         self.health = health
@@ -151,8 +157,11 @@ class Proxy:
             watch.stop()
             raise
         ctx.replica = answer.replica.endpoint
-        ctx.streaming = True
         upstream = answer.upstream
+        length = upstream.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_response:
+            await self._refuse_too_large(answer, watch, int(length))
+        ctx.streaming = True
         resp.status = upstream.status_code
         # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
         # would have a browser render its bytes as a page of this gateway's origin.
@@ -187,8 +196,26 @@ class Proxy:
         # The first 500 from a live engine, held until another replica has had the request:
         # only then is it known whose fault it was (see `_blame`).
         faulted: Answer | None = None
+        self.budget.request()
         try:
             for profile, replica in model.candidates(key):
+                if tried and not self.budget.allow():
+                    # Past the budget the first failure is the answer: when every replica
+                    # is failing, asking each of them too would only double their load.
+                    log.warning(
+                        "request %s not retried: the retry budget is spent (%s)", ctx.request_id, last
+                    )
+                    if faulted is not None:
+                        ctx.ttfb = time.perf_counter() - ctx.start
+                        return faulted
+                    raise ApiError(
+                        502,
+                        f"{model.name} could not answer: {last}. The gateway did not try another "
+                        "replica because many requests are failing right now (its retry budget "
+                        "is spent); retry shortly.",
+                        type="upstream_error",
+                        code="upstream_unreachable",
+                    )
                 tried += 1
                 served = profile.served_name
                 if served == requested:
@@ -219,9 +246,10 @@ class Proxy:
                     replica.inflight -= 1
                     break
                 if faulted is not None:
-                    self._blame(faulted, replica)
+                    self._blame(model, faulted, replica)
                     faulted = None
                 replica.failures = 0
+                self.outliers.answered(replica)
                 ctx.ttfb = time.perf_counter() - ctx.start
                 return answer
         except BaseException:
@@ -263,10 +291,12 @@ class Proxy:
             replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
+            self.outliers.failed(model, replica, f"request failed: {type(exc).__name__}")
             return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
         except (TimeoutError, httpx.TimeoutException):
             replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
+            self.outliers.failed(model, replica, f"no first byte within {self.first_byte_timeout:g}s")
             raise ApiError(
                 504,
                 f"{model.name} did not start answering within {self.first_byte_timeout:g}s "
@@ -290,10 +320,26 @@ class Proxy:
             replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
             self.health.failed(replica, f"answered {status}")
+            self.outliers.failed(model, replica, f"answered {status}")
             return f"{replica.endpoint} answered {status}"
         return answer
 
-    def _blame(self, faulted: Answer, other: Replica) -> None:
+    async def _refuse_too_large(self, answer: Answer, watch: Disconnect, length: int) -> None:
+        # Said before a byte of it is sent: the client gets a clean error, not a cut body.
+        watch.stop()
+        answer.replica.inflight -= 1
+        await answer.upstream.aclose()
+        metrics.UPSTREAM_ERRORS.labels(answer.replica.endpoint, "too_large").inc()
+        raise ApiError(
+            502,
+            f"Replica {answer.replica.endpoint} announced an answer of {length} bytes, over the "
+            f"gateway's limit of {self.max_response} (LLMGW_MAX_RESPONSE_BYTES); the engine is "
+            "misbehaving, or the limit needs raising.",
+            type="upstream_error",
+            code="upstream_answer_too_large",
+        )
+
+    def _blame(self, model: Model, faulted: Answer, other: Replica) -> None:
         """`other` answered the request `faulted`'s replica failed: the replica is at fault.
 
         Only then: any 5xx once counted against a replica, and six requests whose content
@@ -301,7 +347,9 @@ class Proxy:
         """
         faulted.replica.inflight -= 1
         status = faulted.upstream.status_code
-        self.health.failed(faulted.replica, f"answered {status} to a request {other.endpoint} answered")
+        why = f"answered {status} to a request {other.endpoint} answered"
+        self.health.failed(faulted.replica, why)
+        self.outliers.failed(model, faulted.replica, why)
 
     async def _attempt(self, outgoing: httpx.Request, replica: Replica, watch: Disconnect) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
@@ -348,6 +396,10 @@ async def _nothing() -> AsyncIterator[bytes]:
     yield  # an async generator that yields nothing
 
 
+class AnswerCut(Exception):
+    """A JSON answer ended early: the server must drop the connection, not end the body."""
+
+
 class Answer:
     """A replica's answer whose first body bytes are in hand: what may go to the client."""
 
@@ -387,6 +439,8 @@ class Relay:
         self.first: bytes | None = answer.first or None
         self.status = answer.upstream.status_code
         self.closed = False
+        self.event_stream = isinstance(rename, EventRename)
+        self.relayed = 0
 
     def __aiter__(self) -> Relay:
         return self
@@ -396,11 +450,24 @@ class Relay:
             raise StopAsyncIteration
         if self.first is not None:
             first, self.first = self.first, None
-            return first
+            return await self._counted(first)
         while True:  # a chunk the rename holds on to is not worth a send of nothing
             chunk = await self._next()
             if chunk:
-                return chunk
+                return await self._counted(chunk)
+
+    async def _counted(self, chunk: bytes) -> bytes:
+        # An answer with no declared length (chunked, or one that never ends) is counted as
+        # it goes: relaying it without limit would keep a worker and a client busy forever.
+        self.relayed += len(chunk)
+        if self.relayed <= self.proxy.max_response or self.closed:
+            return chunk
+        limit = self.proxy.max_response
+        return await self._cut(
+            "too_large",
+            f"The answer was cut off: replica {self.replica.endpoint} sent more than the gateway's "
+            f"limit of {limit} bytes (LLMGW_MAX_RESPONSE_BYTES).",
+        )
 
     async def _next(self) -> bytes:
         self.watch.waiting = True
@@ -409,6 +476,14 @@ class Relay:
                 chunk = self.rename.feed(await self.chunks.__anext__())
         except StopAsyncIteration:
             rest = self.rename.flush()
+            if self.event_stream and rest and not rest.endswith(b"\n"):
+                # The stream ended inside an event: a client would read half an event as
+                # a whole one, or wait for the rest. Dropped, and said so instead.
+                return await self._cut(
+                    "broken",
+                    f"The answer was cut off: replica {self.replica.endpoint} ended its event "
+                    "stream in the middle of an event.",
+                )
             await self.close()
             if rest:
                 return rest
@@ -426,24 +501,30 @@ class Relay:
         return chunk
 
     async def _broken(self, exc: BaseException) -> bytes:
-        # The client has part of an answer; all we can do is say so where it will be read.
-        endpoint = self.replica.endpoint
         kind = "timeout" if isinstance(exc, (TimeoutError, httpx.TimeoutException)) else "broken"
+        message = f"The answer was cut off: replica {self.replica.endpoint} " + (
+            "stopped sending." if kind == "timeout" else "broke the connection."
+        )
+        return await self._cut(kind, message, why=type(exc).__name__)
+
+    async def _cut(self, kind: str, message: str, why: str | None = None) -> bytes:
+        """End an answer the client has part of; all we can do is say so where it will be
+        read: a final error event in a stream, after the last whole event. A JSON answer
+        has nowhere to say it, so the connection is dropped before the body's end, which
+        every HTTP client reports as an incomplete answer rather than reading half a body
+        as a whole one."""
+        endpoint = self.replica.endpoint
         metrics.UPSTREAM_ERRORS.labels(endpoint, kind).inc()
         log.warning(
             "answer from %s cut off (%s) for request %s",
             endpoint,
-            type(exc).__name__,
+            why or kind,
             self.req.context.request_id,
         )
-        self.status = 502 if kind == "broken" else 504
-        event_stream = self.upstream.headers.get("content-type", "").startswith("text/event-stream")
+        self.status = 504 if kind == "timeout" else 502
         await self.close()
-        if not event_stream:
-            raise StopAsyncIteration
-        message = f"The answer was cut off: replica {endpoint} " + (
-            "stopped sending." if kind == "timeout" else "broke the connection."
-        )
+        if not self.event_stream:
+            raise AnswerCut(message)
         return b"data: " + error_body(message, "upstream_error") + b"\n\n"
 
     async def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
@@ -79,6 +80,9 @@ class Readyz:
         doc = {
             "status": "ready",
             "pid": os.getpid(),
+            # Tasks alive in this worker, this request's own included: a leak shows as a
+            # count that grows with every misbehaving engine or client (tests watch it).
+            "tasks": len(asyncio.all_tasks()),
             "digest": state.table.digest,
             "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.loaded_at)),
             "models": len(state.table.models),

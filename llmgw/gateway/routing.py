@@ -89,7 +89,18 @@ def _mix(x: int) -> int:
 class Replica:
     """One engine endpoint, as this worker sees it."""
 
-    __slots__ = ("endpoint", "urls", "health_url", "inflight", "healthy", "failures", "seed")
+    __slots__ = (
+        "endpoint",
+        "urls",
+        "health_url",
+        "inflight",
+        "healthy",
+        "failures",
+        "seed",
+        "streak",
+        "ejected_until",
+        "ejections",
+    )
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
@@ -109,6 +120,24 @@ class Replica:
         # Unknown is not down: a replica is in rotation until checks say otherwise.
         self.healthy = True
         self.failures = 0
+        # Outlier ejection (gateway.outlier): real requests failed in a row, the monotonic
+        # time an ejection ends (0: not ejected), and how many times it has been ejected.
+        self.streak = 0
+        self.ejected_until = 0.0
+        self.ejections = 0
+
+    def on_trial(self) -> bool:
+        """Its ejection time is over, and no request has succeeded on it since."""
+        return bool(self.ejected_until) and time.monotonic() >= self.ejected_until
+
+    def routable(self) -> bool:
+        """In rotation: healthy, not ejected, and on trial only while nothing is in flight
+        to it (one trial request at a time, until one succeeds)."""
+        if not self.healthy:
+            return False
+        if not self.ejected_until:
+            return True
+        return self.inflight == 0 and time.monotonic() >= self.ejected_until
 
 
 @dataclass
@@ -243,7 +272,7 @@ class Model:
         (for a prefix-routed profile and a request with a prompt), else fewest in flight."""
         for tier in self.tiers:
             for profile in tier if len(tier) == 1 else _by_weight(tier):
-                healthy = [r for r in profile.in_turn() if r.healthy]
+                healthy = [r for r in profile.in_turn() if r.routable()]
                 if key is not None and profile.routing == "prefix" and healthy:
                     for replica in profile.by_prefix(key, healthy):
                         yield profile, replica

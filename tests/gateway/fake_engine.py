@@ -20,6 +20,11 @@ misbehaviour through body fields the gateway passes through untouched:
                       after the headers)
     fake_only         misbehave only on the engine of this name; others answer normally
     fake_content_type the Content-Type of a non-streamed answer (default application/json)
+    fake_body_bytes   pad a non-streamed answer to about this many bytes
+    fake_chunked      send a non-streamed answer chunked, without a Content-Length
+    fake_never_close  send a non-streamed answer chunked and never end it
+    fake_reset        reset the connection (TCP RST) right after the response headers
+    fake_broken_sse   end a stream in the middle of an event, after one whole event
     fake_model        the model an answer names, as a llama-server without --alias names
                       its weights file (default: the model it was sent)
 
@@ -32,6 +37,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
+import struct
 import sys
 from typing import Any
 
@@ -55,6 +62,7 @@ class Engine:
         self.fail_status = fail_status
         self.requests = 0
         self.disconnects = 0
+        self.open = 0  # connections open now: what a test checks the gateway did not leak
         self.models_seen: list[str] = []
 
     def stats(self) -> dict[str, Any]:
@@ -62,6 +70,7 @@ class Engine:
             "name": self.name,
             "requests": self.requests,
             "disconnects": self.disconnects,
+            "open": self.open,
             "models_seen": self.models_seen[-50:],
         }
 
@@ -80,9 +89,20 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.engine.open += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.engine.open -= 1
+
+    def _reset(self) -> None:
+        # SO_LINGER 0 makes close() send a RST instead of a FIN: the peer sees
+        # "connection reset", as when an engine process is killed mid-answer.
+        assert self.transport is not None
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -182,7 +202,32 @@ class _Connection(asyncio.Protocol):
         if request.get("stream") or request.get("fake_delay_first") or request.get("fake_delay_body"):
             return {"kind": kind, "model": model, "request": request}
         content_type = str(request.get("fake_content_type") or "application/json").encode()
-        self._write(200, _complete(kind, model, engine.name, request), content_type)
+        payload = _complete(kind, model, engine.name, request)
+        if request.get("fake_body_bytes"):
+            pad = max(0, int(request["fake_body_bytes"]) - len(payload) - 16)
+            payload = payload[:-1] + b',"padding":"' + b"x" * pad + b'"}'
+        if request.get("fake_reset"):
+            assert self.transport is not None
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                % len(payload)
+            )
+            self._reset()
+            return None
+        if request.get("fake_chunked") or request.get("fake_never_close"):
+            assert self.transport is not None
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+            )
+            for i in range(0, len(payload), 65536):
+                part = payload[i : i + 65536]
+                self.transport.write(b"%x\r\n%s\r\n" % (len(part), part))
+            if request.get("fake_never_close"):
+                self.busy = True  # nothing more on this connection: the answer never ends
+                return None
+            self.transport.write(b"0\r\n\r\n")
+            return None
+        self._write(200, payload, content_type)
         return None
 
     async def _answer_later(self, job: dict[str, Any]) -> None:
@@ -208,6 +253,16 @@ class _Connection(asyncio.Protocol):
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
         )
+        if request.get("fake_reset"):
+            self._reset()
+            return
+        if request.get("fake_broken_sse"):
+            whole = b"data: " + json.dumps(_chunk(kind, model, self.engine.name, 0)).encode() + b"\n\n"
+            torn = b'data: {"id": "cmpl-fake", "choices": [{"delta'
+            for part in (whole, torn):
+                self.transport.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.transport.write(b"0\r\n\r\n")
+            return
         if request.get("fake_delay_body"):
             await asyncio.sleep(float(request["fake_delay_body"]))
         chunks = int(request.get("fake_chunks") or 3)

@@ -39,7 +39,11 @@ def gw(
     )
     path = tmp_path_factory.mktemp("faults") / "plan.json"
     write_plan(path, doc)
-    with gateway(path, workers=1, LLMGW_HEALTH_INTERVAL="60", LLMGW_HEALTH_FAILURES="2") as g:
+    # Every test here retries on purpose, in bursts faster than the retry budget allows
+    # (its own test is in test_outlier_ejection.py).
+    with gateway(
+        path, workers=1, LLMGW_HEALTH_INTERVAL="60", LLMGW_HEALTH_FAILURES="2", LLMGW_RETRY_FLOOR="1000"
+    ) as g:
         yield g
 
 

@@ -1,0 +1,209 @@
+"""GET /openapi.json: an OpenAPI 3.1 description of the /v1 surface, errors included.
+
+Written by hand rather than derived from the resources: what a client may rely on is a
+promise, and a promise should change only when someone means it to. The request schemas
+describe what the gateway itself checks (`model`, the length limits); everything else in
+a body is the engine's business and passes through, so it is left open here too. Tests
+run Schemathesis against a real gateway from this document (tests/gateway/test_openapi.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import falcon
+import falcon.asgi
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+# Every status the gateway itself answers a /v1 request with, and when (see README).
+_ERRORS = {
+    "400": "The body is not a JSON object with a `model`, a length limit is over the model's "
+    "`max_output`, or the model was sent to the wrong endpoint.",
+    "401": "An API key is missing or not accepted (only when the gateway has keys).",
+    "404": "No model by that name or alias.",
+    "413": "The body is over the gateway's limit.",
+    "500": "Two replicas (or the only one) failed the request with a 500: the engine's own error.",
+    "502": "No replica could answer, or an engine's answer was over the size limit.",
+    "503": "No replica of the model is in rotation; see `Retry-After`.",
+    "504": "The engine did not start answering within the first-byte timeout.",
+}
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    return {
+        code: {"description": _ERRORS[code], "content": {"application/json": {"schema": _ERROR}}}
+        for code in codes
+    }
+
+
+def _generation(answer: str, required: list[str], example: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["model", *required],
+        "properties": {
+            "model": {
+                "type": "string",
+                "minLength": 1,
+                "description": "A name or alias from GET /v1/models.",
+            },
+            "stream": {"type": "boolean"},
+            **{
+                field: {"type": "integer", "minimum": 1, "description": "At most the model's `max_output`."}
+                for field in ("max_tokens", "max_completion_tokens", "n_predict")
+            },
+        },
+        "additionalProperties": True,
+        "description": f"Passed to the engine as sent, with `model` renamed to what it serves; {answer}",
+        "example": example,
+    }
+
+
+def _proxied(summary: str, request: str, answer: str, streams: bool) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{answer}"}}}
+    if streams:
+        content["text/event-stream"] = {
+            "schema": {"type": "string"},
+            "description": "Server-sent events, `data: {...}` each, ending with `data: [DONE]`, or "
+            'with `data: {"error": ...}` when the answer was cut off.',
+        }
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{request}"}}},
+            },
+            "responses": {
+                "200": {
+                    "description": "The engine's answer, naming the model as the request did.",
+                    "content": content,
+                },
+                **_errors("400", "401", "404", "413", "500", "502", "503", "504"),
+            },
+        }
+    }
+
+
+_ANSWER = {
+    "type": "object",
+    "required": ["object"],
+    "properties": {"object": {"type": "string"}, "model": {"type": "string"}},
+}
+_MODEL = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by", "context_length", "aliases", "task"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+        "description": {"type": "string"},
+        "context_length": {"type": "integer"},
+        "max_output": {"type": "integer"},
+        "aliases": {"type": "array", "items": {"type": "string"}},
+        "task": {"enum": ["chat", "completion", "embedding"]},
+    },
+}
+
+DOCUMENT: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "llmgw",
+        "version": "1",
+        "description": "An OpenAI-compatible gateway for self-hosted models. Every error has "
+        "OpenAI's shape and a message that says what to do.",
+    },
+    "paths": {
+        "/v1/models": {
+            "get": {
+                "summary": "The models served, with their aliases, task and limits.",
+                "responses": {
+                    "200": {
+                        "description": "Every model.",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["object", "data"],
+                                    "properties": {
+                                        "object": {"const": "list"},
+                                        "data": {
+                                            "type": "array",
+                                            "items": {"$ref": "#/components/schemas/Model"},
+                                        },
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    **_errors("401"),
+                },
+            }
+        },
+        "/v1/models/{model_id}": {
+            "get": {
+                "summary": "One model, by name or alias.",
+                "parameters": [
+                    {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The model.",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Model"}}},
+                    },
+                    **_errors("401", "404"),
+                },
+            }
+        },
+        "/v1/chat/completions": _proxied("A chat completion.", "ChatRequest", "Answer", streams=True),
+        "/v1/completions": _proxied(
+            "A completion of a raw prompt.", "CompletionRequest", "Answer", streams=True
+        ),
+        "/v1/embeddings": _proxied("Embeddings of the input.", "EmbeddingRequest", "Answer", streams=False),
+    },
+    "components": {
+        "schemas": {
+            "Error": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {
+                    "error": {
+                        "type": "object",
+                        "required": ["message", "type"],
+                        "properties": {
+                            "message": {"type": "string"},
+                            "type": {"type": "string"},
+                            "param": {"type": ["string", "null"]},
+                            "code": {"type": ["string", "integer", "null"]},
+                        },
+                    }
+                },
+            },
+            "Model": _MODEL,
+            "Answer": _ANSWER,
+            "ChatRequest": _generation(
+                "`messages` as OpenAI's API describes it.",
+                ["messages"],
+                {"model": "llama", "messages": [{"role": "user", "content": "Hello"}]},
+            ),
+            "CompletionRequest": _generation(
+                "`prompt` as OpenAI's API describes it.", ["prompt"], {"model": "llama", "prompt": "Hello"}
+            ),
+            "EmbeddingRequest": _generation(
+                "`input`, a string or a list of them.", ["input"], {"model": "embed", "input": "Hello"}
+            ),
+        }
+    },
+}
+
+_BODY = json.dumps(DOCUMENT, indent=1).encode()
+
+
+class OpenApi:
+    """GET /openapi.json. Open, like the dashboard: it says nothing a client could not learn."""
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = _BODY
