@@ -214,7 +214,14 @@ def test_status_json_carries_health_refusal_and_digest_uncached() -> None:
         "healthy": 1,
         "placed": 2,
         "profiles": {
-            "cpu": {"healthy": 1, "placed": 2, "routing": "prefix", "prefix_hits": 0, "prefix_spills": 0}
+            "cpu": {
+                "healthy": 1,
+                "placed": 2,
+                "routing": "prefix",
+                "prefix_hits": 0,
+                "prefix_spills": 0,
+                "replicas": {},  # none ejected or on trial
+            }
         },
     }
     assert len(result.text) < 2000, "the status polled every few seconds should stay small"
