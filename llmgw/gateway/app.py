@@ -14,12 +14,13 @@ import falcon
 import falcon.asgi
 import httpx
 
-from llmgw.gateway.access import Access, read_api_keys
+from llmgw.gateway.access import Access
 from llmgw.gateway.config import Settings, settings_from_env
 from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
 from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.health import Health
+from llmgw.gateway.keys import Keys, keys_from_settings
 from llmgw.gateway.proxy import Proxy
 from llmgw.gateway.reload import PlanState
 from llmgw.gateway.resources import AdminPlan, Healthz, Metrics, Models, Readyz
@@ -113,12 +114,18 @@ class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generi
 
 
 class Lifecycle:
-    """Starts the plan watcher and health checks with the worker; closes the client after."""
+    """Starts the plan and keys watchers and health checks with the worker; closes the client after."""
 
     def __init__(
-        self, state: PlanState, health: Health, client: httpx.AsyncClient, settings: Settings
+        self,
+        state: PlanState,
+        health: Health,
+        client: httpx.AsyncClient,
+        settings: Settings,
+        keys: Keys | None,
     ) -> None:
         self.state = state
+        self.keys = keys
         self.health = health
         self.client = client
         self.settings = settings
@@ -131,6 +138,8 @@ class Lifecycle:
             loop.create_task(self.health.watch(self.state, self.settings.health_interval)),
             loop.create_task(Discovery(self.settings, self.health).watch(self.state)),
         ]
+        if self.keys is not None:
+            self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
 
     async def process_shutdown(self, scope: Any, event: Any) -> None:
         for task in self.tasks:
@@ -144,7 +153,7 @@ def create_app(
 ) -> falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]:
     settings = settings or settings_from_env()
     _log_to_stderr()
-    api_keys = read_api_keys(settings.api_keys_file) if settings.api_keys_file else None
+    keys = keys_from_settings(settings.keys_file, settings.api_keys_file)
     state = PlanState(settings.plan_path)
     client = httpx.AsyncClient(
         # Engines are on the LAN: compressing tokens would cost more CPU than it saves.
@@ -161,9 +170,9 @@ def create_app(
         settings.health_failures,
         timeout=min(settings.health_interval, max(settings.connect_timeout, 1.0)),
     )
-    access = Access(state, api_keys, settings.access_log)
+    access = Access(state, keys, settings.access_log)
 
-    app = _App(middleware=[Lifecycle(state, health, client, settings), access])
+    app = _App(middleware=[Lifecycle(state, health, client, settings, keys), access])
     app.write_timeout = settings.chunk_timeout
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)

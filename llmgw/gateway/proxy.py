@@ -34,7 +34,7 @@ import falcon.asgi
 import httpx
 
 from llmgw.gateway import metrics
-from llmgw.gateway.access import Access
+from llmgw.gateway.access import Access, check_model
 from llmgw.gateway.config import Settings
 from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
@@ -140,6 +140,7 @@ class Proxy:
         requested = request["model"]
         model = ctx.table.lookup(requested)
         ctx.model = model.name
+        check_model(ctx.tenant, model, ctx.table)
         if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
             raise _wrong_endpoint(model, self.path)
         _check_max_tokens(model, request)

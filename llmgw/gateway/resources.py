@@ -13,7 +13,7 @@ import falcon.asgi
 
 from llmgw.errors import PlanError
 from llmgw.gateway import metrics
-from llmgw.gateway.access import bearer_token
+from llmgw.gateway.access import bearer_token, check_model, usable_models
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.proxy import read_body
 from llmgw.gateway.reload import PlanState, PlanWriteError
@@ -26,11 +26,19 @@ class Models:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = req.context.table.listing_body
+        table, tenant = req.context.table, req.context.tenant
+        if tenant is None or tenant.models is None:
+            resp.data = table.listing_body
+            return
+        # A key limited to some models sees only those, as if the rest were not served.
+        listing = [m.listing for m in usable_models(tenant, table)]
+        resp.data = json.dumps({"object": "list", "data": listing}).encode()
 
     async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str) -> None:
         table = req.context.table
-        req.context.model = table.lookup(model_id).name
+        model = table.lookup(model_id)
+        req.context.model = model.name
+        check_model(req.context.tenant, model, table)
         resp.content_type = falcon.MEDIA_JSON
         resp.data = table.model_bodies[model_id]
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.errors import PlanError, UsageError
-from llmgw.gateway.access import read_api_keys
 from llmgw.gateway.config import settings_from_env
 from llmgw.gateway.gunicorn_conf import MADE_METRICS_DIR
+from llmgw.gateway.keys import keys_from_settings
 from llmgw.gateway.reload import last_good_path
 from llmgw.gateway.routing import RouteTable
 from llmgw.plan import read_plan
@@ -82,8 +82,7 @@ def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None
     env = dict(os.environ if base is None else base)
     env["LLMGW_PLAN"] = str(plan)
     settings = settings_from_env(env)
-    if settings.api_keys_file is not None:
-        read_api_keys(settings.api_keys_file)
+    keys_from_settings(settings.keys_file, settings.api_keys_file)
 
 
 def serve(plan: Path, bind: str, workers: int) -> None:
