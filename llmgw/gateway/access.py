@@ -142,7 +142,8 @@ class Access:
         duration = time.perf_counter() - ctx.start
         if ctx.api:
             model = ctx.model or "unknown"
-            metrics.REQUESTS.labels(model, str(status)).inc()
+            tenant = ctx.tenant
+            metrics.REQUESTS.labels(model, str(status), tenant.name if tenant else "-").inc()
             metrics.LATENCY.labels(model).observe(duration)
             if ctx.ttfb is not None:
                 metrics.FIRST_BYTE.labels(model).observe(ctx.ttfb)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import falcon
@@ -21,6 +24,7 @@ from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.health import Health
 from llmgw.gateway.keys import Keys, keys_from_settings
+from llmgw.gateway.limits import Limiter
 from llmgw.gateway.proxy import Proxy
 from llmgw.gateway.reload import PlanState
 from llmgw.gateway.resources import AdminPlan, Healthz, Metrics, Models, Readyz
@@ -171,6 +175,7 @@ def create_app(
         timeout=min(settings.health_interval, max(settings.connect_timeout, 1.0)),
     )
     access = Access(state, keys, settings.access_log)
+    limiter = Limiter(_shared_directory()) if settings.keys_file is not None else None
 
     app = _App(middleware=[Lifecycle(state, health, client, settings, keys), access])
     app.write_timeout = settings.chunk_timeout
@@ -189,7 +194,7 @@ def create_app(
         ("completion", "/v1/completions"),
         ("embedding", "/v1/embeddings"),
     ):
-        app.add_route(path, Proxy(kind, client, health, settings, access))
+        app.add_route(path, Proxy(kind, client, health, settings, access, limiter))
     app.add_route("/healthz", Healthz())
     app.add_route("/readyz", Readyz(state, settings.metrics_token))
     app.add_route("/metrics", Metrics(state, settings.metrics_token))
@@ -224,6 +229,14 @@ def _healthy(table: RouteTable) -> dict[str, bool]:
     for endpoint, group in table.groups.items():
         healthy[endpoint] = any(r.healthy for r in group.replicas)
     return healthy
+
+
+def _shared_directory() -> Path:
+    """Where the workers of this gateway keep what they share: the metrics directory
+    `llmgw serve` makes for them (or the operator set); a directory of its own for a lone
+    process run without it."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return Path(directory) if directory else Path(tempfile.mkdtemp(prefix="llmgw-limits-"))
 
 
 def _log_to_stderr() -> None:

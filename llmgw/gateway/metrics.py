@@ -50,7 +50,18 @@ _BUCKETS = (
     300,
 )
 
-REQUESTS = Counter("llmgw_requests", "Requests answered, by model and status.", ["model", "status"])
+# `key` is the key's name in keys.yaml ("anonymous" for the plain digest file, "-" when the
+# gateway takes no keys), never the key.
+REQUESTS = Counter(
+    "llmgw_requests", "Requests answered, by model, status and key.", ["model", "status", "key"]
+)
+TOKENS = Counter(
+    "llmgw_tokens", "Tokens used, from the engines' usage, by kind (prompt, completion).",
+    ["model", "key", "kind"],
+)
+RATE_LIMITED = Counter(
+    "llmgw_rate_limited", "Requests refused 429, by key and the limit (requests, tokens).", ["key", "limit"]
+)
 LATENCY = Histogram(
     "llmgw_request_duration_seconds", "Time from request to last byte.", ["model"], buckets=_BUCKETS
 )
@@ -124,6 +135,7 @@ class _Served:
 _BY_MODEL = frozenset(
     {
         "llmgw_requests",
+        "llmgw_tokens",
         "llmgw_request_duration_seconds",
         "llmgw_time_to_first_byte_seconds",
         "llmgw_prefix_routes",

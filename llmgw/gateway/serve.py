@@ -1,8 +1,9 @@
 """`llmgw serve`: gunicorn managing uvicorn workers, each running `create_app()`.
 
 Each worker is one process with one event loop; a streamed answer costs a task, not a
-thread, so a worker holds thousands of slow generations at once. Workers share nothing:
-each loads the plan, checks health and watches the plan file on its own.
+thread, so a worker holds thousands of slow generations at once. Workers share only the
+metrics directory (metrics files, and the rate-limit counts: see gateway/limits.py): each
+loads the plan and the keys, checks health and watches both files on its own.
 """
 
 from __future__ import annotations
