@@ -157,6 +157,8 @@ class Access:
                     "method": req.method,
                     "path": req.path,
                     "model": ctx.model,
+                    # The key's name from keys.yaml, never the key.
+                    "key": ctx.tenant.name if ctx.tenant is not None else None,
                     "replica": ctx.replica,
                     "status": status,
                     "duration_ms": round(duration * 1000, 3),

@@ -179,3 +179,23 @@ def test_keys_reloaded_under_load_fail_no_request(served: tuple[Gateway, Path]) 
         replace(keys, BASE)
     assert count[0] > 20
     assert not failures, f"{len(failures)} of {count[0]} requests failed during reloads: {failures[:3]}"
+
+
+def test_the_access_log_names_the_key_never_the_key_itself(served: tuple[Gateway, Path]) -> None:
+    gw, _ = served
+    assert ask(gw, TEAM_B).status_code == 200
+    wait_until(lambda: any(line.get("key") == "team-b" for line in gw.access_lines()), 10,
+               "an access log line naming team-b")
+    assert TEAM_B not in gw.log()
+
+
+def test_the_plain_digest_file_is_reloaded_too(tmp_path: Path, engine_a: Engine) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, plan([model("chat", [profile([engine_a.url], "chat")])]))
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"{key_digest(TEAM_A)}\n")
+    with gateway(path, LLMGW_API_KEYS_FILE=str(keys)) as gw:
+        assert ask(gw, TEAM_A).status_code == 200
+        assert ask(gw, LATER).status_code == 401
+        replace(keys, f"{key_digest(TEAM_A)}\n{key_digest(LATER)}\n")
+        wait_until(lambda: _every_worker_answers(gw, LATER, 200), 10, "the added digest to work everywhere")
