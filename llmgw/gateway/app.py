@@ -27,7 +27,7 @@ from llmgw.gateway.keys import Keys, keys_from_settings
 from llmgw.gateway.limits import Limiter
 from llmgw.gateway.proxy import Proxy
 from llmgw.gateway.reload import PlanState
-from llmgw.gateway.resources import AdminPlan, Healthz, Metrics, Models, Readyz
+from llmgw.gateway.resources import AdminKeys, AdminPlan, Healthz, Metrics, Models, Readyz
 from llmgw.gateway.routing import RouteTable
 from llmgw.gateway.upstream import FastTransport
 
@@ -199,6 +199,9 @@ def create_app(
     app.add_route("/readyz", Readyz(state, settings.metrics_token))
     app.add_route("/metrics", Metrics(state, settings.metrics_token))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
+    admin_keys = AdminKeys(keys, limiter, settings.admin_token)
+    app.add_route("/admin/keys", admin_keys)
+    app.add_route("/admin/keys/{name}", admin_keys, suffix="item")
     _add_dashboard(app, state)
     return app
 

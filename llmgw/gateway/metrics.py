@@ -96,18 +96,38 @@ PREFIX_ROUTES = Counter(
 RELOADS = Counter("llmgw_plan_reloads", "Plan reloads, by result (loaded or refused).", ["result"])
 
 
+def _registry() -> Collector:
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return _DEFAULT
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    # prometheus_client's multiprocess module carries no annotations.
+    multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry
+
+
+def usage_by_key() -> dict[str, dict[str, float]]:
+    """Per key name, summed over the workers: requests, prompt_tokens, completion_tokens."""
+    usage: dict[str, dict[str, float]] = {}
+    for metric in _registry().collect():
+        for sample in metric.samples:
+            if sample.name == "llmgw_requests_total":
+                field = "requests"
+            elif sample.name == "llmgw_tokens_total":
+                field = f"{sample.labels.get('kind')}_tokens"
+            else:
+                continue
+            per_key = usage.setdefault(sample.labels.get("key", "-"), {})
+            per_key[field] = per_key.get(field, 0.0) + sample.value
+    return usage
+
+
 def exposition(replicas: Collection[str], models: Collection[str] = ()) -> tuple[bytes, str]:
     """The text /metrics answers; `replicas` are the endpoints the served plan lists, and
     `models` its model names."""
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    registry: Collector = _DEFAULT
-    if directory:
-        from prometheus_client import multiprocess
-
-        registry = CollectorRegistry()
-        # prometheus_client's multiprocess module carries no annotations.
-        multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
-    return generate_latest(_Served(registry, replicas, models)), CONTENT_TYPE_LATEST
+    return generate_latest(_Served(_registry(), replicas, models)), CONTENT_TYPE_LATEST
 
 
 class _Served:

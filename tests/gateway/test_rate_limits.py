@@ -7,6 +7,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -14,6 +15,7 @@ import pytest
 from harness import Engine, Gateway, gateway, key_digest, model, plan, profile, wait_until, write_plan
 
 BURST, TOKENS, METERED, HANGUP, MANY = "sk-burst", "sk-tokens", "sk-metered", "sk-hangup", "sk-many"
+ADMIN = "admin-secret"
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine) -> Iterat
         f"  - {{name: hangup, sha256: {key_digest(HANGUP)}}}\n"
         f"  - {{name: many, sha256: {key_digest(MANY)}, rpm: 1000}}\n"
     )
-    with gateway(path, LLMGW_KEYS_FILE=str(keys)) as gw:
+    with gateway(path, LLMGW_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN) as gw:
         yield gw
 
 
@@ -179,3 +181,22 @@ def test_a_client_that_hangs_up_midway_is_charged_its_prompt_estimate(served: Ga
         "the prompt estimate (over 400 bytes: at least 100 tokens) to be charged",
     )
     assert metric(served, "llmgw_tokens_total", key="hangup", kind="completion") == 0
+
+
+def test_admin_keys_shows_a_keys_limits_and_usage(served: Gateway) -> None:
+    assert post(served, MANY).status_code == 200
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+
+    def doc() -> Any:
+        answer = httpx.get(served.url + "/admin/keys/many", headers=admin, timeout=10)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    wait_until(lambda: doc()["total"].get("requests", 0) >= 1, 10, "the key's requests in its totals")
+    got = doc()
+    assert (got["name"], got["rpm"], got["tpm"], got["models"]) == ("many", 1000, None, None)
+    assert got["last_minute"]["requests"] >= 1
+    listed = httpx.get(served.url + "/admin/keys", headers=admin, timeout=10).json()["data"]
+    assert {k["name"] for k in listed} == {"burst", "tokens", "metered", "hangup", "many"}
+    assert httpx.get(served.url + "/admin/keys", timeout=10).status_code == 401
+    assert httpx.get(served.url + "/admin/keys/nobody", headers=admin, timeout=10).status_code == 404
