@@ -196,7 +196,7 @@ def create_app(
     ):
         app.add_route(path, Proxy(kind, client, health, settings, access, limiter))
     app.add_route("/healthz", Healthz())
-    app.add_route("/readyz", Readyz(state, settings.metrics_token))
+    app.add_route("/readyz", Readyz(state, settings.metrics_token, keys))
     app.add_route("/metrics", Metrics(state, settings.metrics_token))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
     admin_keys = AdminKeys(keys, limiter, settings.admin_token)

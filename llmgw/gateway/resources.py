@@ -79,9 +79,10 @@ class Readyz:
     taken when every worker has said so, not when the first one does.
     """
 
-    def __init__(self, state: PlanState, token: str | None = None) -> None:
+    def __init__(self, state: PlanState, token: str | None = None, keys: Keys | None = None) -> None:
         self.state = state
         self.token = token
+        self.keys = keys
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         check_metrics_token(self.token, req.get_header("Authorization"))
@@ -96,6 +97,13 @@ class Readyz:
                 {"result": "refused", "reason": state.refusal} if state.refusal else {"result": "loaded"}
             ),
         }
+        keys = self.keys
+        if keys is not None:
+            # A refused keys file is a deploy that did not take, like a refused plan.
+            doc["keys"] = (
+                {"result": "refused", "reason": keys.refusal} if keys.refusal
+                else {"result": "loaded", "count": len(keys.tenants)}
+            )
         if state.table.groups:
             doc["discovery"] = [_group_status(g) for g in state.table.groups.values()]
         resp.content_type = falcon.MEDIA_JSON

@@ -40,7 +40,9 @@ class Meter:
 
     def event(self, body: bytes) -> bool:
         """Read one event's JSON; True when the event is to be taken out of the stream."""
-        if b'"usage"' not in body:
+        # vLLM, asked for usage, writes `"usage": null` in every event but the last: only an
+        # event that may carry numbers is worth parsing.
+        if b'"usage"' not in body or b'"usage":null' in body or b'"usage": null' in body:
             return False
         try:
             data = json.loads(body)

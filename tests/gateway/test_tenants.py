@@ -146,6 +146,8 @@ def test_a_bad_keys_file_is_refused_and_the_old_keys_keep_working(served: tuple[
         replace(keys, BASE + "  - name: broken\n    sha256: not-a-digest\n")
         wait_until(lambda: "refused the keys file" in gw.log(), 10, "the bad file to be refused")
         assert _every_worker_answers(gw, TEAM_B, 200)
+        refused = gw.every_worker(lambda r: r["keys"]["result"] == "refused", 10, "the refused keys")
+        assert all("sha256" in r["keys"]["reason"] for r in refused.values())
     finally:
         replace(keys, BASE)
 

@@ -94,3 +94,29 @@ def test_keys_add_refuses_a_name_in_use(tmp_path: Path) -> None:
     else:
         raise AssertionError("a second key named 'a' was added")
     assert path.read_text().startswith("# yaml-language-server: $schema=schema/keys.schema.json\n")
+
+
+def test_llmgw_serve_refuses_a_bad_keys_file_in_one_sentence(tmp_path: Path) -> None:
+    from llmgw.errors import UsageError
+    from llmgw.gateway.serve import check_environment
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys:\n  - name: a\n    sha256: nope\n")
+    try:
+        check_environment(tmp_path / "plan.json", {"LLMGW_KEYS_FILE": str(keys)})
+    except UsageError as exc:
+        assert "key #1 ('a'): `sha256` must be the key's SHA-256 in hex" in str(exc)
+    else:
+        raise AssertionError("a keys file with a bad hash was accepted")
+
+
+def test_both_kinds_of_keys_file_at_once_are_refused(tmp_path: Path) -> None:
+    from llmgw.errors import UsageError
+    from llmgw.gateway.keys import keys_from_settings
+
+    try:
+        keys_from_settings(tmp_path / "keys.yaml", tmp_path / "keys.txt")
+    except UsageError as exc:
+        assert "set one" in str(exc)
+    else:
+        raise AssertionError("both LLMGW_KEYS_FILE and LLMGW_API_KEYS_FILE were accepted")
