@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from harness import Engine, Gateway, gateway, key_digest, model, plan, profile, 
 
 BURST, TOKENS, METERED, HANGUP, MANY = "sk-burst", "sk-tokens", "sk-metered", "sk-hangup", "sk-many"
 ADMIN = "admin-secret"
+PATIENT = "sk-patient"
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine) -> Iterat
         f"  - {{name: metered, sha256: {key_digest(METERED)}}}\n"
         f"  - {{name: hangup, sha256: {key_digest(HANGUP)}}}\n"
         f"  - {{name: many, sha256: {key_digest(MANY)}, rpm: 1000}}\n"
+        f"  - {{name: patient, sha256: {key_digest(PATIENT)}, rpm: 1}}\n"
     )
     with gateway(path, LLMGW_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN) as gw:
         yield gw
@@ -197,6 +200,24 @@ def test_admin_keys_shows_a_keys_limits_and_usage(served: Gateway) -> None:
     assert (got["name"], got["rpm"], got["tpm"], got["models"]) == ("many", 1000, None, None)
     assert got["last_minute"]["requests"] >= 1
     listed = httpx.get(served.url + "/admin/keys", headers=admin, timeout=10).json()["data"]
-    assert {k["name"] for k in listed} == {"burst", "tokens", "metered", "hangup", "many"}
+    assert {k["name"] for k in listed} == {"burst", "tokens", "metered", "hangup", "many", "patient"}
     assert httpx.get(served.url + "/admin/keys", timeout=10).status_code == 401
     assert httpx.get(served.url + "/admin/keys/nobody", headers=admin, timeout=10).status_code == 404
+
+
+def test_the_openai_clients_retry_waits_as_retry_after_says_and_then_succeeds(served: Gateway) -> None:
+    # rpm 1: the window frees 60s after the first request. Asked again 3s before that,
+    # the gateway says Retry-After: 3, and the client's own retry gets through. (The client
+    # honours Retry-After only up to 60s, so the test must wait most of a minute.)
+    started = time.monotonic()
+    assert post(served, PATIENT).status_code == 200
+    time.sleep(max(0.0, started + 57 - time.monotonic()))
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key=PATIENT, max_retries=1)
+    asked = time.monotonic()
+    raw = client.chat.completions.with_raw_response.create(
+        model="chat", messages=[{"role": "user", "content": "hi"}]
+    )
+    waited = time.monotonic() - asked
+    assert raw.http_response.status_code == 200
+    assert raw.retries_taken == 1, "the first try was refused 429 and the retry got through"
+    assert 1.5 <= waited <= 10, f"the client waited {waited:.1f}s; Retry-After said about 3"
