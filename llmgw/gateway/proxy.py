@@ -485,7 +485,10 @@ class Relay:
             # engine to stop generating.
             await self.upstream.aclose()
         finally:
-            self._count_tokens()
+            try:
+                self._count_tokens()
+            except Exception:  # a miscount must not lose the access log line and metrics
+                log.exception("counting the tokens of request %s failed", self.req.context.request_id)
             self.proxy.access.finish(self.req, self.status)
 
     def _count_tokens(self) -> None:
