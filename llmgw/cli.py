@@ -6,6 +6,7 @@ and reporters turn their results into text.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import sys
@@ -16,6 +17,7 @@ import click
 from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.errors import FleetError, LlmgwError, UsageError
+from llmgw.keys import add_key, lint_keys
 from llmgw.lint import LintResult, lint
 from llmgw.plan import KubernetesTarget, build_plan, dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
@@ -82,13 +84,25 @@ previous_option = click.option(
 )
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
 @previous_option
+@click.option(
+    "--keys",
+    "keys_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="API keys file to check against the catalogue [keys.yaml, when it exists].",
+)
 def lint_command(
-    catalog: Path, fleet_path: Path, fmt: str, strict: bool, previous_path: Path | None
+    catalog: Path,
+    fleet_path: Path,
+    fmt: str,
+    strict: bool,
+    previous_path: Path | None,
+    keys_path: Path | None,
 ) -> None:
     """Check every model file against the schema and the fleet; report every finding.
 
     With --previous, a clash or a shortage is reported on the files new or edited since
-    that plan, as `llmgw plan --previous` reports it.
+    that plan, as `llmgw plan --previous` reports it. keys.yaml is checked too.
     """
     reporter = REPORTERS[fmt]
     out = sys.stdout
@@ -101,6 +115,13 @@ def lint_command(
         reporter(exc.findings, out, color=False)
         click.echo(f"llmgw: cannot use the fleet inventory {fleet_path}; fix it first.", err=True)
         sys.exit(EXIT_CANNOT_RUN)
+    if keys_path is None and Path("keys.yaml").is_file():
+        keys_path = Path("keys.yaml")
+    if keys_path is not None:
+        if not keys_path.is_file():
+            raise UsageError(f"--keys {keys_path} does not exist; give the keys.yaml to check, "
+                             "or leave --keys out.")
+        result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries)])
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
         click.echo(_summary(result), err=True)
@@ -423,6 +444,48 @@ def serve_command(plan_path: Path, bind: str, workers: int) -> None:
     from llmgw.gateway.serve import serve
 
     serve(plan_path, bind, workers)
+
+
+@main.group("keys")
+def keys_group() -> None:
+    """Named API keys in keys.yaml: who may call the gateway, which models, how often."""
+
+
+@keys_group.command("add")
+@click.argument("name")
+@click.option(
+    "--file",
+    "keys_path",
+    type=click.Path(path_type=Path),
+    default=Path("keys.yaml"),
+    show_default=True,
+    help="The keys file to append to (made if missing).",
+)
+@click.option("--models", default=None, metavar="A,B,...", help="Names, aliases or globs it may use [all].")
+@click.option("--rpm", type=click.IntRange(min=1), default=None, help="Requests per minute [no limit].")
+@click.option("--tpm", type=click.IntRange(min=1), default=None, help="Tokens per minute [no limit].")
+@click.option("--expires", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Last day it works.")
+def keys_add_command(
+    name: str,
+    keys_path: Path,
+    models: str | None,
+    rpm: int | None,
+    tpm: int | None,
+    expires: datetime.datetime | None,
+) -> None:
+    """Make a new random key for NAME, append its hash to keys.yaml, and print the key once."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
+        raise click.BadParameter(
+            "use letters, digits, '.', '_' or '-' (it labels metrics)", param_hint="NAME"
+        )
+    patterns = [m.strip() for m in (models or "").split(",") if m.strip()]
+    key = add_key(keys_path, name, patterns, rpm, tpm, expires.date() if expires else None)
+    click.echo(key)
+    click.echo(
+        f"llmgw keys: added '{name}' to {keys_path}. The key above is shown this once and stored "
+        "nowhere: hand it to its holder now. Commit the file; the gateway reads it when replaced.",
+        err=True,
+    )
 
 
 @main.command("deploy")

@@ -1,9 +1,10 @@
 """Who may call, which request is which, and what became of it.
 
 One middleware object: it names each request (X-Request-Id, honoured or made up, and
-returned), checks API keys on /v1, stamps the plan digest on every /v1 answer, and writes
-the access log and request metrics. A streamed answer is logged by the proxy when its last
-byte has gone, since only then are its duration and outcome known.
+returned), checks API keys on /v1 and notes whose key it is (`ctx.tenant`), stamps the
+plan digest on every /v1 answer, and writes the access log and request metrics. A streamed
+answer is logged by the proxy when its last byte has gone, since only then are its duration
+and outcome known.
 """
 
 from __future__ import annotations
@@ -14,41 +15,18 @@ import logging
 import os
 import time
 from itertools import count
-from pathlib import Path
 from typing import Any
 
 import falcon.asgi
 
-from llmgw.errors import UsageError
 from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.keys import Keys, Tenant
 from llmgw.gateway.reload import PlanState
+from llmgw.gateway.routing import Model, RouteTable
 
 DIGEST_HEADER = "X-Llmgw-Plan-Digest"
 access_log = logging.getLogger("llmgw.access")
-
-
-def read_api_keys(path: Path) -> frozenset[str]:
-    """SHA-256 hex digests, one a line; blank lines and # comments are skipped."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UsageError(
-            f"cannot read LLMGW_API_KEYS_FILE {path}: {exc.strerror or exc}. "
-            "Point it at a file of SHA-256 digests of the keys, one a line."
-        ) from None
-    digests = set()
-    for number, line in enumerate(lines, 1):
-        line = line.split("#", 1)[0].strip().lower()
-        if not line:
-            continue
-        if len(line) != 64 or any(c not in "0123456789abcdef" for c in line):
-            raise UsageError(
-                f"{path}:{number} (LLMGW_API_KEYS_FILE) is not a SHA-256 hex digest. Store "
-                "`sha256(key)` in hex (e.g. `printf %s KEY | sha256sum`), never the key itself."
-            )
-        digests.add(line)
-    return frozenset(digests)
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -78,9 +56,9 @@ def _plausible_id(value: str) -> bool:
 
 
 class Access:
-    def __init__(self, state: PlanState, api_keys: frozenset[str] | None, log_lines: bool) -> None:
+    def __init__(self, state: PlanState, keys: Keys | None, log_lines: bool) -> None:
         self.state = state
-        self.api_keys = api_keys
+        self.keys = keys
         self.log_lines = log_lines
         # Process-unique prefix plus a counter: unique across workers, and far cheaper per
         # request than a uuid4.
@@ -99,9 +77,10 @@ class Access:
         ctx.replica = None
         ctx.ttfb = None
         ctx.streaming = False
+        ctx.tenant = None
         ctx.api = is_api_path(req.path)
-        if ctx.api and self.api_keys is not None:
-            self._check_key(req.get_header("Authorization"))
+        if ctx.api and self.keys is not None:
+            ctx.tenant = self._check_key(req.get_header("Authorization"))
 
     async def process_resource(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: Any, params: Any
@@ -111,11 +90,11 @@ class Access:
         if req.context.api or not is_api_path(req.uri_template or ""):
             return
         req.context.api = True
-        if self.api_keys is not None:
-            self._check_key(req.get_header("Authorization"))
+        if self.keys is not None:
+            req.context.tenant = self._check_key(req.get_header("Authorization"))
 
-    def _check_key(self, authorization: str | None) -> None:
-        assert self.api_keys is not None
+    def _check_key(self, authorization: str | None) -> Tenant:
+        assert self.keys is not None
         key = bearer_token(authorization)
         if not key:
             raise ApiError(
@@ -125,13 +104,23 @@ class Access:
                 code="missing_api_key",
             )
         digest = hashlib.sha256(key.encode()).hexdigest()
-        if digest not in self.api_keys:
+        tenant = self.keys.tenants.get(digest)
+        if tenant is None:
             raise ApiError(
                 401,
                 "That API key is not one this gateway accepts; ask its operator for a key.",
                 type="authentication_error",
                 code="invalid_api_key",
             )
+        if tenant.expired():
+            raise ApiError(
+                401,
+                f"The API key '{tenant.name}' expired on {tenant.expires}; ask the gateway's "
+                "operator to extend it in keys.yaml or for a new key.",
+                type="authentication_error",
+                code="expired_api_key",
+            )
+        return tenant
 
     async def process_response(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: Any, ok: bool
@@ -153,7 +142,8 @@ class Access:
         duration = time.perf_counter() - ctx.start
         if ctx.api:
             model = ctx.model or "unknown"
-            metrics.REQUESTS.labels(model, str(status)).inc()
+            tenant = ctx.tenant
+            metrics.REQUESTS.labels(model, str(status), tenant.name if tenant else "-").inc()
             metrics.LATENCY.labels(model).observe(duration)
             if ctx.ttfb is not None:
                 metrics.FIRST_BYTE.labels(model).observe(ctx.ttfb)
@@ -167,6 +157,8 @@ class Access:
                     "method": req.method,
                     "path": req.path,
                     "model": ctx.model,
+                    # The key's name from keys.yaml, never the key.
+                    "key": ctx.tenant.name if ctx.tenant is not None else None,
                     "replica": ctx.replica,
                     "status": status,
                     "duration_ms": round(duration * 1000, 3),
@@ -174,3 +166,27 @@ class Access:
                 }
             )
         )
+
+
+def usable_models(tenant: Tenant | None, table: RouteTable) -> list[Model]:
+    """The served models a key may use, in the plan's order."""
+    models = list(table.models.values())
+    if tenant is None or tenant.models is None:
+        return models
+    return [m for m in models if tenant.may_use(m.names())]
+
+
+def check_model(tenant: Tenant | None, model: Model, table: RouteTable) -> None:
+    """403 naming the models the key may use, unless it may use `model`."""
+    if tenant is None or tenant.may_use(model.names()):
+        return
+    names = [f"'{m.name}'" for m in usable_models(tenant, table)]
+    may = ", ".join(names) if names else "none of the models served now"
+    raise ApiError(
+        403,
+        f"The API key '{tenant.name}' may not use '{model.name}'; it may use {may}. Ask the "
+        "gateway's operator to add the model to the key's `models` in keys.yaml.",
+        type="permission_error",
+        param="model",
+        code="model_not_allowed",
+    )

@@ -7,24 +7,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import falcon
 import falcon.asgi
 import httpx
 
-from llmgw.gateway.access import Access, read_api_keys
+from llmgw.gateway.access import Access
 from llmgw.gateway.config import Settings, settings_from_env
 from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
 from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.health import Health
+from llmgw.gateway.keys import Keys, keys_from_settings
+from llmgw.gateway.limits import Limiter
 from llmgw.gateway.openapi import OpenApi
 from llmgw.gateway.outlier import Outliers, RetryBudget, replica_states
 from llmgw.gateway.proxy import AnswerCut, Proxy
 from llmgw.gateway.reload import PlanState
-from llmgw.gateway.resources import AdminPlan, Healthz, Metrics, Models, Readyz
+from llmgw.gateway.resources import AdminKeys, AdminPlan, Healthz, Metrics, Models, Readyz
 from llmgw.gateway.routing import RouteTable
 from llmgw.gateway.upstream import FastTransport
 
@@ -115,12 +120,18 @@ class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generi
 
 
 class Lifecycle:
-    """Starts the plan watcher and health checks with the worker; closes the client after."""
+    """Starts the plan and keys watchers and health checks with the worker; closes the client after."""
 
     def __init__(
-        self, state: PlanState, health: Health, client: httpx.AsyncClient, settings: Settings
+        self,
+        state: PlanState,
+        health: Health,
+        client: httpx.AsyncClient,
+        settings: Settings,
+        keys: Keys | None,
     ) -> None:
         self.state = state
+        self.keys = keys
         self.health = health
         self.client = client
         self.settings = settings
@@ -133,6 +144,8 @@ class Lifecycle:
             loop.create_task(self.health.watch(self.state, self.settings.health_interval)),
             loop.create_task(Discovery(self.settings, self.health).watch(self.state)),
         ]
+        if self.keys is not None:
+            self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
 
     async def process_shutdown(self, scope: Any, event: Any) -> None:
         for task in self.tasks:
@@ -146,7 +159,7 @@ def create_app(
 ) -> falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]:
     settings = settings or settings_from_env()
     _log_to_stderr()
-    api_keys = read_api_keys(settings.api_keys_file) if settings.api_keys_file else None
+    keys = keys_from_settings(settings.keys_file, settings.api_keys_file)
     state = PlanState(settings.plan_path)
     client = httpx.AsyncClient(
         # Engines are on the LAN: compressing tokens would cost more CPU than it saves.
@@ -163,9 +176,10 @@ def create_app(
         settings.health_failures,
         timeout=min(settings.health_interval, max(settings.connect_timeout, 1.0)),
     )
-    access = Access(state, api_keys, settings.access_log)
+    access = Access(state, keys, settings.access_log)
+    limiter = Limiter(_shared_directory()) if settings.keys_file is not None else None
 
-    app = _App(middleware=[Lifecycle(state, health, client, settings), access])
+    app = _App(middleware=[Lifecycle(state, health, client, settings, keys), access])
     app.write_timeout = settings.chunk_timeout
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
@@ -186,12 +200,15 @@ def create_app(
         ("completion", "/v1/completions"),
         ("embedding", "/v1/embeddings"),
     ):
-        app.add_route(path, Proxy(kind, client, health, settings, access, outliers, budget))
+        app.add_route(path, Proxy(kind, client, health, settings, access, outliers, budget, limiter))
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())
-    app.add_route("/readyz", Readyz(state, settings.metrics_token))
+    app.add_route("/readyz", Readyz(state, settings.metrics_token, keys))
     app.add_route("/metrics", Metrics(state, settings.metrics_token))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
+    admin_keys = AdminKeys(keys, limiter, settings.admin_token)
+    app.add_route("/admin/keys", admin_keys)
+    app.add_route("/admin/keys/{name}", admin_keys, suffix="item")
     _add_dashboard(app, state)
     return app
 
@@ -223,6 +240,14 @@ def _healthy(table: RouteTable) -> dict[str, bool]:
     for endpoint, group in table.groups.items():
         healthy[endpoint] = any(r.healthy for r in group.replicas)
     return healthy
+
+
+def _shared_directory() -> Path:
+    """Where the workers of this gateway keep what they share: the metrics directory
+    `llmgw serve` makes for them (or the operator set); a directory of its own for a lone
+    process run without it."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return Path(directory) if directory else Path(tempfile.mkdtemp(prefix="llmgw-limits-"))
 
 
 def _log_to_stderr() -> None:

@@ -35,6 +35,7 @@ class Settings:
     body_timeout: float = 30.0
     max_connections: int = 4096
     api_keys_file: Path | None = None
+    keys_file: Path | None = None  # keys.yaml: named keys with models and limits
     admin_token: str | None = None
     metrics_token: str | None = None
     access_log: bool = True
@@ -95,6 +96,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
             values[field] = _number(env, name, int)
     if env.get("LLMGW_API_KEYS_FILE"):
         values["api_keys_file"] = Path(env["LLMGW_API_KEYS_FILE"])
+    if env.get("LLMGW_KEYS_FILE"):
+        values["keys_file"] = Path(env["LLMGW_KEYS_FILE"])
     if env.get("LLMGW_ADMIN_TOKEN"):
         values["admin_token"] = env["LLMGW_ADMIN_TOKEN"]
     if env.get("LLMGW_METRICS_TOKEN"):

@@ -50,7 +50,18 @@ _BUCKETS = (
     300,
 )
 
-REQUESTS = Counter("llmgw_requests", "Requests answered, by model and status.", ["model", "status"])
+# `key` is the key's name in keys.yaml ("anonymous" for the plain digest file, "-" when the
+# gateway takes no keys), never the key.
+REQUESTS = Counter(
+    "llmgw_requests", "Requests answered, by model, status and key.", ["model", "status", "key"]
+)
+TOKENS = Counter(
+    "llmgw_tokens", "Tokens used, from the engines' usage, by kind (prompt, completion).",
+    ["model", "key", "kind"],
+)
+RATE_LIMITED = Counter(
+    "llmgw_rate_limited", "Requests refused 429, by key and the limit (requests, tokens).", ["key", "limit"]
+)
 LATENCY = Histogram(
     "llmgw_request_duration_seconds", "Time from request to last byte.", ["model"], buckets=_BUCKETS
 )
@@ -110,18 +121,38 @@ PREFIX_ROUTES = Counter(
 RELOADS = Counter("llmgw_plan_reloads", "Plan reloads, by result (loaded or refused).", ["result"])
 
 
+def _registry() -> Collector:
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return _DEFAULT
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    # prometheus_client's multiprocess module carries no annotations.
+    multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry
+
+
+def usage_by_key() -> dict[str, dict[str, float]]:
+    """Per key name, summed over the workers: requests, prompt_tokens, completion_tokens."""
+    usage: dict[str, dict[str, float]] = {}
+    for metric in _registry().collect():
+        for sample in metric.samples:
+            if sample.name == "llmgw_requests_total":
+                field = "requests"
+            elif sample.name == "llmgw_tokens_total":
+                field = f"{sample.labels.get('kind')}_tokens"
+            else:
+                continue
+            per_key = usage.setdefault(sample.labels.get("key", "-"), {})
+            per_key[field] = per_key.get(field, 0.0) + sample.value
+    return usage
+
+
 def exposition(replicas: Collection[str], models: Collection[str] = ()) -> tuple[bytes, str]:
     """The text /metrics answers; `replicas` are the endpoints the served plan lists, and
     `models` its model names."""
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    registry: Collector = _DEFAULT
-    if directory:
-        from prometheus_client import multiprocess
-
-        registry = CollectorRegistry()
-        # prometheus_client's multiprocess module carries no annotations.
-        multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
-    return generate_latest(_Served(registry, replicas, models)), CONTENT_TYPE_LATEST
+    return generate_latest(_Served(_registry(), replicas, models)), CONTENT_TYPE_LATEST
 
 
 class _Served:
@@ -149,6 +180,7 @@ class _Served:
 _BY_MODEL = frozenset(
     {
         "llmgw_requests",
+        "llmgw_tokens",
         "llmgw_request_duration_seconds",
         "llmgw_time_to_first_byte_seconds",
         "llmgw_prefix_routes",

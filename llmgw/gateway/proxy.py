@@ -34,13 +34,15 @@ import falcon.asgi
 import httpx
 
 from llmgw.gateway import metrics
-from llmgw.gateway.access import Access
+from llmgw.gateway.access import Access, check_model
 from llmgw.gateway.config import Settings
 from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
+from llmgw.gateway.limits import Limiter
 from llmgw.gateway.outlier import Outliers, RetryBudget
 from llmgw.gateway.rename import EventRename, JsonRename
 from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, prefix_key
+from llmgw.gateway.usage import Meter, prompt_estimate
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -109,10 +111,12 @@ class Proxy:
         access: Access,
         outliers: Outliers,
         budget: RetryBudget,
+        limiter: Limiter | None = None,
     ) -> None:
         self.kind = kind
         self.outliers = outliers
         self.budget = budget
+        self.limiter = limiter
         self.max_response = settings.max_response_bytes
         self.path = UPSTREAM_PATHS[kind]
         self.client = client
@@ -146,9 +150,16 @@ class Proxy:
         requested = request["model"]
         model = ctx.table.lookup(requested)
         ctx.model = model.name
+        check_model(ctx.tenant, model, ctx.table)
         if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
             raise _wrong_endpoint(model, self.path)
         _check_max_tokens(model, request)
+        tenant = ctx.tenant
+        window = self.limiter.admit(tenant) if tenant is not None and self.limiter else None
+        ctx.prompt_estimate = prompt_estimate(body)
+        meter = Meter()
+        if request.get("stream") is True and self.kind != "embedding":
+            request, body, meter = _ask_for_usage(request, body)
         watch = Disconnect(req.scope.get("llmgw.receive"))
         try:
             key = prefix_key(self.kind, request)
@@ -163,21 +174,25 @@ class Proxy:
             await self._refuse_too_large(answer, watch, int(length))
         ctx.streaming = True
         resp.status = upstream.status_code
+        if window is not None:
+            resp.set_headers(window.headers())
         # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
         # would have a browser render its bytes as a page of this gateway's origin.
         rename: EventRename | JsonRename
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
             resp.content_type = "text/event-stream"
-            rename = EventRename(requested)
+            rename = EventRename(requested, meter)
             answer.first = rename.feed(answer.first)
         else:
             resp.content_type = falcon.MEDIA_JSON
             rename = JsonRename(requested)
             answer.first = rename.feed(answer.first)
+            meter.part(answer.first)
+            meter.whole = True
             length = upstream.headers.get("content-length")
             if rename.done and length is not None and length.isdigit():
                 resp.content_length = int(length) + rename.growth
-        resp.stream = Relay(self, req, answer, watch, rename)
+        resp.stream = Relay(self, req, answer, watch, rename, meter)
 
     async def _open(
         self,
@@ -428,9 +443,11 @@ class Relay:
         answer: Answer,
         watch: Disconnect,
         rename: JsonRename | EventRename,
+        meter: Meter,
     ) -> None:
         self.proxy = proxy
         self.rename = rename
+        self.meter = meter
         self.req = req
         self.upstream = answer.upstream
         self.replica = answer.replica
@@ -454,6 +471,8 @@ class Relay:
         while True:  # a chunk the rename holds on to is not worth a send of nothing
             chunk = await self._next()
             if chunk:
+                if self.meter.whole:
+                    self.meter.part(chunk)
                 return await self._counted(chunk)
 
     async def _counted(self, chunk: bytes) -> bytes:
@@ -547,7 +566,31 @@ class Relay:
             # engine to stop generating.
             await self.upstream.aclose()
         finally:
+            try:
+                self._count_tokens()
+            except Exception:  # a miscount must not lose the access log line and metrics
+                log.exception("counting the tokens of request %s failed", self.req.context.request_id)
             self.proxy.access.finish(self.req, self.status)
+
+    def _count_tokens(self) -> None:
+        ctx = self.req.context
+        meter = self.meter
+        meter.finish()
+        if meter.prompt is not None:
+            prompt, completion = meter.prompt, meter.completion or 0
+        elif self.upstream.status_code < 400:
+            # Cut short (the client left, or the engine broke off) before usage came: the
+            # prompt was read all the same, so the key is charged its estimate.
+            prompt, completion = ctx.prompt_estimate, 0
+        else:
+            return  # the engine refused the request: nothing was generated
+        tenant = ctx.tenant
+        key = tenant.name if tenant is not None else "-"
+        metrics.TOKENS.labels(ctx.model, key, "prompt").inc(prompt)
+        if completion:
+            metrics.TOKENS.labels(ctx.model, key, "completion").inc(completion)
+        if tenant is not None and self.proxy.limiter is not None:
+            self.proxy.limiter.charge(tenant, prompt + completion)
 
 
 async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> bytes:
@@ -579,6 +622,17 @@ async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> byt
             code="body_cut_short",
         )
     return body
+
+
+def _ask_for_usage(request: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes, Meter]:
+    """A stream's request asking the engine for usage; and the meter that takes the usage
+    event out again when the client did not ask for it."""
+    options = request.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return request, body, Meter()
+    given = options if isinstance(options, dict) else {}
+    asked = {**request, "stream_options": {**given, "include_usage": True}}
+    return asked, json.dumps(asked).encode(), Meter(strip_usage_event=True)
 
 
 class _RepeatedKey(Exception):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import re
 
+from llmgw.gateway.usage import Meter
+
 _LOOK_AHEAD = 1 << 20
 _SPACE = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
@@ -135,9 +137,11 @@ class EventRename:
     event's reader waits for anyway.
     """
 
-    def __init__(self, requested: str) -> None:
+    def __init__(self, requested: str, meter: Meter | None = None) -> None:
         self.name = json.dumps(requested).encode()
         self.held = b""
+        self.meter = meter
+        self._dropped = False  # the last data line was taken out: so goes the blank line after it
 
     def feed(self, chunk: bytes) -> bytes:
         data = self.held + chunk
@@ -154,11 +158,18 @@ class EventRename:
         return self._line(rest) if rest else b""
 
     def _line(self, line: bytes) -> bytes:
+        if self._dropped:
+            self._dropped = False
+            if not line.strip():
+                return b""
         if not line.startswith(b"data:"):
             return line
         head = 6 if line.startswith(b"data: ") else 5
         body = line[head:]
         if not body.lstrip().startswith(b"{"):
             return line
+        if self.meter is not None and self.meter.event(body):
+            self._dropped = True
+            return b""
         out = renamed(body, self.name, complete=True)
         return line if out is None else line[:head] + out

@@ -14,8 +14,10 @@ import falcon.asgi
 
 from llmgw.errors import PlanError
 from llmgw.gateway import metrics
-from llmgw.gateway.access import bearer_token
+from llmgw.gateway.access import bearer_token, check_model, usable_models
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.keys import Keys, Tenant
+from llmgw.gateway.limits import Limiter
 from llmgw.gateway.proxy import read_body
 from llmgw.gateway.reload import PlanState, PlanWriteError
 from llmgw.gateway.routing import DnsGroup
@@ -27,11 +29,19 @@ class Models:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = req.context.table.listing_body
+        table, tenant = req.context.table, req.context.tenant
+        if tenant is None or tenant.models is None:
+            resp.data = table.listing_body
+            return
+        # A key limited to some models sees only those, as if the rest were not served.
+        listing = [m.listing for m in usable_models(tenant, table)]
+        resp.data = json.dumps({"object": "list", "data": listing}).encode()
 
     async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str) -> None:
         table = req.context.table
-        req.context.model = table.lookup(model_id).name
+        model = table.lookup(model_id)
+        req.context.model = model.name
+        check_model(req.context.tenant, model, table)
         resp.content_type = falcon.MEDIA_JSON
         resp.data = table.model_bodies[model_id]
 
@@ -70,9 +80,10 @@ class Readyz:
     taken when every worker has said so, not when the first one does.
     """
 
-    def __init__(self, state: PlanState, token: str | None = None) -> None:
+    def __init__(self, state: PlanState, token: str | None = None, keys: Keys | None = None) -> None:
         self.state = state
         self.token = token
+        self.keys = keys
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         check_metrics_token(self.token, req.get_header("Authorization"))
@@ -90,6 +101,13 @@ class Readyz:
                 {"result": "refused", "reason": state.refusal} if state.refusal else {"result": "loaded"}
             ),
         }
+        keys = self.keys
+        if keys is not None:
+            # A refused keys file is a deploy that did not take, like a refused plan.
+            doc["keys"] = (
+                {"result": "refused", "reason": keys.refusal} if keys.refusal
+                else {"result": "loaded", "count": len(keys.tenants)}
+            )
         if state.table.groups:
             doc["discovery"] = [_group_status(g) for g in state.table.groups.values()]
         resp.content_type = falcon.MEDIA_JSON
@@ -163,18 +181,70 @@ class AdminPlan:
         resp.data = json.dumps({"digest": digest}).encode()
 
     def _authorize(self, authorization: str | None) -> None:
-        if not self.token:
-            raise ApiError(
-                403,
-                "Admin endpoints are closed: start the gateway with LLMGW_ADMIN_TOKEN set to open them.",
-                type="permission_error",
-                code="admin_closed",
-            )
-        given = bearer_token(authorization) or ""
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
-            raise ApiError(
-                401,
-                "Admin endpoints need `Authorization: Bearer <LLMGW_ADMIN_TOKEN>`.",
-                type="authentication_error",
-                code="invalid_admin_token",
-            )
+        check_admin_token(self.token, authorization)
+
+
+def check_admin_token(token: str | None, authorization: str | None) -> None:
+    if not token:
+        raise ApiError(
+            403,
+            "Admin endpoints are closed: start the gateway with LLMGW_ADMIN_TOKEN set to open them.",
+            type="permission_error",
+            code="admin_closed",
+        )
+    given = bearer_token(authorization) or ""
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise ApiError(
+            401,
+            "Admin endpoints need `Authorization: Bearer <LLMGW_ADMIN_TOKEN>`.",
+            type="authentication_error",
+            code="invalid_admin_token",
+        )
+
+
+class AdminKeys:
+    """GET /admin/keys and /admin/keys/{name}: each key's limits and usage, for whoever runs
+    the gateway (admin token): the last minute as the limits count it, and totals since the
+    gateway started, from its own metrics (summed over the workers)."""
+
+    def __init__(self, keys: Keys | None, limiter: Limiter | None, token: str | None) -> None:
+        self.keys = keys
+        self.limiter = limiter
+        self.token = token
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        check_admin_token(self.token, req.get_header("Authorization"))
+        usage = metrics.usage_by_key()
+        docs = [self._doc(t, usage) for t in self._tenants()]
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = json.dumps({"object": "list", "data": docs}).encode()
+
+    async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        check_admin_token(self.token, req.get_header("Authorization"))
+        tenant = next((t for t in self._tenants() if t.name == name), None)
+        if tenant is None:
+            raise ApiError(404, f"There is no key named '{name}'; GET /admin/keys lists them.",
+                           code="key_not_found")
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = json.dumps(self._doc(tenant, metrics.usage_by_key())).encode()
+
+    def _tenants(self) -> list[Tenant]:
+        if self.keys is None:
+            return []
+        # The plain digest file's keys are one "anonymous" tenant: listed once.
+        return list({t.name: t for t in self.keys.tenants.values()}.values())
+
+    def _doc(self, tenant: Tenant, usage: dict[str, dict[str, float]]) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "name": tenant.name,
+            "models": list(tenant.models) if tenant.models is not None else None,
+            "rpm": tenant.rpm,
+            "tpm": tenant.tpm,
+            "expires": tenant.expires.isoformat() if tenant.expires else None,
+            "expired": tenant.expired(),
+            "total": {k: int(v) for k, v in sorted(usage.get(tenant.name, {}).items())},
+        }
+        if self.limiter is not None and (tenant.rpm is not None or tenant.tpm is not None):
+            requests, tokens = self.limiter.used(tenant)
+            doc["last_minute"] = {"requests": requests, "tokens": tokens}
+        return doc

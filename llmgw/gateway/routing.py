@@ -285,6 +285,10 @@ class Model:
     def has_replicas(self) -> bool:
         return any(p.members() for tier in self.tiers for p in tier)
 
+    def names(self) -> tuple[str, ...]:
+        """Its name and aliases: what a key's `models` entries are matched against."""
+        return (self.name, *self.listing["aliases"])
+
 
 def _inflight(replica: Replica) -> int:
     return replica.inflight

@@ -1,8 +1,9 @@
 """`llmgw serve`: gunicorn managing uvicorn workers, each running `create_app()`.
 
 Each worker is one process with one event loop; a streamed answer costs a task, not a
-thread, so a worker holds thousands of slow generations at once. Workers share nothing:
-each loads the plan, checks health and watches the plan file on its own.
+thread, so a worker holds thousands of slow generations at once. Workers share only the
+metrics directory (metrics files, and the rate-limit counts: see gateway/limits.py): each
+loads the plan and the keys, checks health and watches both files on its own.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.errors import PlanError, UsageError
-from llmgw.gateway.access import read_api_keys
 from llmgw.gateway.config import settings_from_env
 from llmgw.gateway.gunicorn_conf import MADE_METRICS_DIR
+from llmgw.gateway.keys import keys_from_settings
 from llmgw.gateway.reload import last_good_path
 from llmgw.gateway.routing import RouteTable
 from llmgw.plan import read_plan
@@ -82,8 +83,7 @@ def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None
     env = dict(os.environ if base is None else base)
     env["LLMGW_PLAN"] = str(plan)
     settings = settings_from_env(env)
-    if settings.api_keys_file is not None:
-        read_api_keys(settings.api_keys_file)
+    keys_from_settings(settings.keys_file, settings.api_keys_file)
 
 
 def serve(plan: Path, bind: str, workers: int) -> None:

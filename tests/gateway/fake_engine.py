@@ -25,6 +25,8 @@ misbehaviour through body fields the gateway passes through untouched:
     fake_never_close  send a non-streamed answer chunked and never end it
     fake_reset        reset the connection (TCP RST) right after the response headers
     fake_broken_sse   end a stream in the middle of an event, after one whole event
+    stream_options    {"include_usage": true} ends a stream with a usage-only event, as
+                      vLLM does (prompt 3 tokens, completion one per chunk)
     fake_model        the model an answer names, as a llama-server without --alias names
                       its weights file (default: the model it was sent)
 
@@ -279,6 +281,13 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
                 return
             data = _chunk(kind, model, self.engine.name, i, padding)
+            event = b"data: " + json.dumps(data).encode() + b"\n\n"
+            self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+        options = request.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            # As vLLM does: one last event, with no choices, carrying the usage.
+            usage = {"prompt_tokens": 3, "completion_tokens": chunks, "total_tokens": 3 + chunks}
+            data = {**_chunk(kind, model, self.engine.name, 0), "choices": [], "usage": usage}
             event = b"data: " + json.dumps(data).encode() + b"\n\n"
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
         done = b"data: [DONE]\n\n"

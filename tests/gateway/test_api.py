@@ -386,7 +386,7 @@ def test_probes_say_alive_and_which_plan_is_served(gw: Gateway) -> None:
 def test_metrics_count_requests_errors_and_the_plan(gw: Gateway) -> None:
     post(gw, "/v1/chat/completions", chat("plain"))
     text = httpx.get(gw.url + "/metrics", timeout=10).text
-    assert 'llmgw_requests_total{model="plain",status="200"}' in text
+    assert 'llmgw_requests_total{key="-",model="plain",status="200"}' in text
     assert "llmgw_request_duration_seconds_bucket" in text
     assert "llmgw_time_to_first_byte_seconds_bucket" in text
     assert f'llmgw_plan_info{{digest="{gw.env["digest"]}"' in text

@@ -1,0 +1,207 @@
+"""Who holds which key: the keys file (LLMGW_KEYS_FILE) or the plain digest file
+(LLMGW_API_KEYS_FILE), read at start and again whenever the file is replaced.
+
+keys.yaml names each key (`name` is what metrics and logs show, never the key), the models
+it may use (names, aliases or globs; absent: all), and its limits. The plain file is a list
+of anonymous digests that open everything, as it always was.
+
+A replaced file that cannot be read or does not hold is refused and the old keys keep
+working: a typo in a pull request must not lock every team out at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import fnmatch
+import logging
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from llmgw.errors import UsageError
+
+log = logging.getLogger("llmgw.gateway")
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_FIELDS = frozenset({"name", "sha256", "models", "rpm", "tpm", "expires"})
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One key's holder, as metrics, logs and limits know it."""
+
+    name: str
+    models: tuple[str, ...] | None = None  # names, aliases or globs; None: every model
+    rpm: int | None = None
+    tpm: int | None = None
+    expires: dt.date | None = None
+
+    def expired(self, today: dt.date | None = None) -> bool:
+        # A key is good through the day it names: "expires: 2026-12-31" still works that day.
+        return self.expires is not None and (today or dt.date.today()) > self.expires
+
+    def may_use(self, names: Iterable[str]) -> bool:
+        """Whether any of a model's names (its name and aliases) is one this key lists."""
+        if self.models is None:
+            return True
+        return any(fnmatch.fnmatchcase(n, p) for n in names for p in self.models)
+
+
+# The plain digest file's keys have no name of their own: metrics show them all as one.
+ANONYMOUS = Tenant("anonymous")
+
+
+def read_digest_file(path: Path) -> dict[str, Tenant]:
+    """LLMGW_API_KEYS_FILE: SHA-256 hex digests, one a line; blank lines and # comments skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read LLMGW_API_KEYS_FILE {path}: {exc.strerror or exc}. "
+            "Point it at a file of SHA-256 digests of the keys, one a line."
+        ) from None
+    digests = {}
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip().lower()
+        if not line:
+            continue
+        if not _HEX64.match(line):
+            raise UsageError(
+                f"{path}:{number} (LLMGW_API_KEYS_FILE) is not a SHA-256 hex digest. Store "
+                "`sha256(key)` in hex (e.g. `printf %s KEY | sha256sum`), never the key itself."
+            )
+        digests[line] = ANONYMOUS
+    return digests
+
+
+def read_keys_file(path: Path) -> dict[str, Tenant]:
+    """LLMGW_KEYS_FILE (keys.yaml): digest → tenant; UsageError saying what to fix."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read LLMGW_KEYS_FILE {path}: {exc.strerror or exc}. Point it at the "
+            "keys.yaml kept in git beside the catalogue."
+        ) from None
+    try:
+        doc = YAML(typ="safe").load(text)
+    except YAMLError as exc:
+        raise UsageError(
+            f"{path} (LLMGW_KEYS_FILE) is not valid YAML: {exc}. `llmgw lint` shows where."
+        ) from None
+    entries = doc.get("keys") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise UsageError(f"{path} (LLMGW_KEYS_FILE) has no `keys:` list; write `keys: []` for none.")
+    tenants: dict[str, Tenant] = {}
+    names: set[str] = set()
+    for number, entry in enumerate(entries, 1):
+        tenant, digest = _entry(path, number, entry)
+        if digest in tenants or tenant.name in names:
+            raise UsageError(
+                f"{path} (LLMGW_KEYS_FILE): key #{number} ('{tenant.name}') repeats the name or "
+                "hash of an earlier key; each key needs its own, so usage is told apart."
+            )
+        tenants[digest] = tenant
+        names.add(tenant.name)
+    return tenants
+
+
+def _entry(path: Path, number: int, entry: Any) -> tuple[Tenant, str]:
+    where = f"{path} (LLMGW_KEYS_FILE), key #{number}"
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where} is not a mapping; write `- name: ...` with `sha256: ...`.")
+    unknown = sorted(set(entry) - _FIELDS)
+    if unknown:
+        raise UsageError(f"{where} has unknown field(s) {', '.join(map(str, unknown))}; "
+                         f"a key takes only {', '.join(sorted(_FIELDS))}.")
+    name, digest = entry.get("name"), entry.get("sha256")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise UsageError(f"{where}: `name` must be letters, digits, '.', '_' or '-' (it labels metrics).")
+    if not isinstance(digest, str) or not _HEX64.match(digest.lower()):
+        raise UsageError(f"{where} ('{name}'): `sha256` must be the key's SHA-256 in hex; "
+                         "`llmgw keys add` writes one.")
+    models = entry.get("models")
+    if models is not None and (
+        not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)
+    ):
+        raise UsageError(f"{where} ('{name}'): `models` must be a list of model names, aliases or globs.")
+    limits = {}
+    for field in ("rpm", "tpm"):
+        value = entry.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UsageError(f"{where} ('{name}'): `{field}` must be a whole number of 1 or more; "
+                             "leave it out for no limit.")
+        limits[field] = value
+    expires = entry.get("expires")
+    if expires is not None and not isinstance(expires, dt.date):
+        raise UsageError(f"{where} ('{name}'): `expires` must be a date, e.g. 2027-01-31.")
+    if isinstance(expires, dt.datetime):
+        expires = expires.date()
+    tenant = Tenant(name, None if models is None else tuple(models), limits["rpm"], limits["tpm"], expires)
+    return tenant, digest.lower()
+
+
+_Signature = tuple[int, int, int, int] | None
+
+
+def _signature(path: Path) -> _Signature:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class Keys:
+    """The keys this worker accepts now; `check_file` picks up a replaced file."""
+
+    def __init__(self, path: Path, structured: bool) -> None:
+        self.path = path
+        self.read = read_keys_file if structured else read_digest_file
+        self._signature = _signature(path)
+        self.tenants = self.read(path)  # at start a bad file stops the gateway, as a bad plan does
+        self.refusal: str | None = None
+
+    def check_file(self) -> None:
+        signature = _signature(self.path)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        try:
+            self.tenants = self.read(self.path)
+        except UsageError as exc:
+            self.refusal = f"{exc} Still accepting the keys read before."
+            log.error("refused the keys file: %s", self.refusal)
+            return
+        self.refusal = None
+        log.info("keys reloaded from %s: %d key(s)", self.path, len(self.tenants))
+
+    async def watch(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.check_file()
+            except Exception:  # one bad poll must not end reloading for good
+                log.exception("checking %s for new keys failed", self.path)
+
+
+def keys_from_settings(keys_file: Path | None, api_keys_file: Path | None) -> Keys | None:
+    """The keys the gateway checks; None when it takes requests without a key."""
+    if keys_file is not None and api_keys_file is not None:
+        raise UsageError(
+            "LLMGW_KEYS_FILE and LLMGW_API_KEYS_FILE are both set; set one. Move the plain "
+            "file's digests into keys.yaml, each under a name, to use both kinds of key."
+        )
+    if keys_file is not None:
+        return Keys(keys_file, structured=True)
+    if api_keys_file is not None:
+        return Keys(api_keys_file, structured=False)
+    return None

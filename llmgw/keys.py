@@ -1,0 +1,136 @@
+"""keys.yaml for the compiler: lint it against the catalogue, and add a key to it.
+
+The gateway reads the same file on its own (gateway/keys.py): it must not import the
+compiler's stages, and the compiler must not import the gateway.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import hashlib
+import io
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import YAMLError
+
+from llmgw.atomic import replace_file
+from llmgw.errors import UsageError
+from llmgw.findings import Finding
+from llmgw.load import Document, load_document
+from llmgw.rules import Entry
+from llmgw.validate import check_document
+
+MODELINE = "# yaml-language-server: $schema=schema/keys.schema.json\n"
+# Prefixed so a leaked key is recognisable for what it is (secret scanners match on it).
+KEY_PREFIX = "sk-llmgw-"
+
+
+def lint_keys(path: Path, entries: Sequence[Entry], today: dt.date | None = None) -> list[Finding]:
+    """Findings for keys.yaml: schema, repeated names or hashes, `models` entries that match
+    no model (errors), and keys past their `expires` day (warnings)."""
+    display = path.as_posix()
+    doc, findings = load_document(path, display)
+    if doc is None or findings:
+        return findings
+    # YAML reads 2027-01-31 as a date; the schema (as editors read it) says a string.
+    checked = Document(doc.file, doc.text, _dates_as_text(doc.data))
+    problems, data = check_document(checked, "keys")
+    if data is None:
+        return problems
+    findings.extend(problems)
+    names = {name for e in entries for name in (e.spec.name, *e.spec.aliases)}
+    first_name: dict[str, int] = {}
+    first_hash: dict[str, int] = {}
+    for i, key in enumerate(data.get("keys", [])):
+        name, digest = key.get("name"), str(key.get("sha256", "")).lower()
+        if name in first_name:
+            findings.append(doc.finding(
+                "error", "keys-duplicate", ("keys", i, "name"),
+                f"the name '{name}' is also key #{first_name[name] + 1}'s; metrics and logs "
+                "could not tell the two apart. Give each key its own name."))
+        else:
+            first_name[name] = i
+        if digest and digest in first_hash:
+            findings.append(doc.finding(
+                "error", "keys-duplicate", ("keys", i, "sha256"),
+                f"this hash is also key #{first_hash[digest] + 1}'s, so one key would count as "
+                "both; remove one entry, or make a new key with `llmgw keys add`."))
+        elif digest:
+            first_hash[digest] = i
+        for j, pattern in enumerate(key.get("models") or []):
+            if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                findings.append(doc.finding(
+                    "error", "keys-no-model", ("keys", i, "models", j),
+                    f"'{pattern}' matches no model name or alias in the catalogue, so it grants "
+                    "nothing; fix the spelling, or remove it."))
+        expires = key.get("expires")
+        if expires and dt.date.fromisoformat(expires) < (today or dt.date.today()):
+            findings.append(doc.finding(
+                "warning", "keys-expired", ("keys", i, "expires"),
+                f"the key '{name}' expired on {expires} and is refused (401); remove the entry, "
+                "or move the date if the key should still work."))
+    return findings
+
+
+def _dates_as_text(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _dates_as_text(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_dates_as_text(v) for v in data]
+    if isinstance(data, dt.date):
+        return data.isoformat()
+    return data
+
+
+def add_key(
+    path: Path,
+    name: str,
+    models: Sequence[str] = (),
+    rpm: int | None = None,
+    tpm: int | None = None,
+    expires: dt.date | None = None,
+) -> str:
+    """Append a new key's entry to `path` (made if missing), comments kept; the key itself,
+    which is stored nowhere."""
+    yaml = YAML()  # round-trip: a person's comments and layout survive
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    text = path.read_text(encoding="utf-8") if path.exists() else MODELINE + "keys: []\n"
+    try:
+        doc = yaml.load(text)
+    except YAMLError as exc:
+        raise UsageError(f"{path} is not valid YAML ({exc}); fix it (`llmgw lint` shows where) "
+                         "before adding a key.") from None
+    if doc is None:
+        doc = CommentedMap()
+    keys = doc.get("keys") if isinstance(doc, dict) else None
+    if keys is None and isinstance(doc, dict):
+        keys = doc["keys"] = CommentedSeq()
+    if not isinstance(keys, list):
+        raise UsageError(f"{path} has no `keys:` list; fix the file before adding a key.")
+    if any(isinstance(k, dict) and k.get("name") == name for k in keys):
+        raise UsageError(f"{path} already has a key named '{name}'; pick another name, or remove "
+                         "that entry first to replace its key.")
+    if isinstance(keys, CommentedSeq) and keys.fa.flow_style():
+        keys.fa.set_block_style()  # `keys: []` grows into a block list, as people write it
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    entry = CommentedMap(name=name, sha256=hashlib.sha256(key.encode()).hexdigest())
+    if models:
+        entry["models"] = CommentedSeq(models)
+        entry["models"].fa.set_flow_style()
+    if rpm is not None:
+        entry["rpm"] = rpm
+    if tpm is not None:
+        entry["tpm"] = tpm
+    if expires is not None:
+        entry["expires"] = expires
+    keys.append(entry)
+    out = io.StringIO()
+    yaml.dump(doc, out)
+    replace_file(path, out.getvalue().encode())
+    return key

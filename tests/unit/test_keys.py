@@ -1,0 +1,122 @@
+"""keys.yaml: `llmgw lint` checks it against the catalogue; `llmgw keys add` appends to it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from pathlib import Path
+
+from llmgw.gateway.keys import read_keys_file
+from llmgw.keys import add_key, lint_keys
+from llmgw.lint import lint
+from tests.conftest import write_catalog
+from tests.unit.helpers import model_yaml
+
+A = "a" * 64
+B = "b" * 64
+
+
+def lint_of(tmp_path: Path, keys: str) -> list[str]:
+    catalog, fleet = write_catalog(
+        tmp_path, {"m.yaml": model_yaml(extra="aliases: [default]\n")}
+    )
+    (tmp_path / "keys.yaml").write_text(keys)
+    entries = lint(catalog, fleet).entries
+    found = lint_keys(tmp_path / "keys.yaml", entries, today=dt.date(2026, 6, 1))
+    return [f"{f.line}:{f.column} {f.severity}[{f.rule}] {f.message}" for f in found]
+
+
+def test_a_good_keys_file_has_no_findings(tmp_path: Path) -> None:
+    keys = f"keys:\n  - name: a\n    sha256: {A}\n    models: [default, llama-*]\n    expires: 2027-01-01\n"
+    assert lint_of(tmp_path, keys) == []
+
+
+def test_repeated_names_and_hashes_are_errors_at_the_second(tmp_path: Path) -> None:
+    keys = f"keys:\n  - name: a\n    sha256: {A}\n  - name: a\n    sha256: {A}\n"
+    found = lint_of(tmp_path, keys)
+    assert found[0].startswith("4:11 error[keys-duplicate] the name 'a' is also key #1's"), found
+    assert found[1].startswith("5:13 error[keys-duplicate] this hash is also key #1's"), found
+
+
+def test_a_models_entry_matching_nothing_is_an_error_at_the_entry(tmp_path: Path) -> None:
+    keys = f"keys:\n  - name: a\n    sha256: {A}\n    models: [default, qwen-*]\n"
+    found = lint_of(tmp_path, keys)
+    assert found == [
+        "4:23 error[keys-no-model] 'qwen-*' matches no model name or alias in the catalogue, so it "
+        "grants nothing; fix the spelling, or remove it."
+    ]
+
+
+def test_an_expired_key_is_a_warning(tmp_path: Path) -> None:
+    keys = f"keys:\n  - name: old\n    sha256: {B}\n    expires: 2026-01-31\n"
+    found = lint_of(tmp_path, keys)
+    assert len(found) == 1, found
+    assert found[0].startswith("4:14 warning[keys-expired] the key 'old' expired on 2026-01-31")
+
+
+def test_schema_mistakes_are_findings_with_positions(tmp_path: Path) -> None:
+    keys = f"keys:\n  - name: a\n    sha256: {A}\n    rpm: many\n"
+    found = lint_of(tmp_path, keys)
+    assert len(found) == 1 and found[0].startswith("4:10 error[schema]"), found
+
+
+def test_lint_reports_the_keys_file_beside_the_catalogue(llmgw, tmp_path: Path) -> None:
+    write_catalog(tmp_path, {"m.yaml": model_yaml()})
+    (tmp_path / "keys.yaml").write_text(f"keys:\n  - name: a\n    sha256: {A}\n    models: [nope]\n")
+    run = llmgw("lint", cwd=tmp_path)
+    assert run.code == 1, run
+    assert run.stdout.startswith("keys.yaml:4:14: error[keys-no-model] 'nope' matches no model"), run.stdout
+
+
+def test_keys_add_prints_the_key_once_and_keeps_comments(llmgw, tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(f"# who may call\nkeys:\n  # search\n  - name: search\n    sha256: {A}\n")
+    run = llmgw("keys", "add", "chat", "--models", "default,llama-*", "--rpm", "60", "--tpm", "1000",
+                cwd=tmp_path)
+    assert run.code == 0, run
+    key = run.stdout.strip()
+    assert key.startswith("sk-llmgw-") and "shown this once" in run.stderr
+    text = path.read_text()
+    assert "# who may call" in text and "  # search" in text
+    assert key not in text, "only the key's hash is stored"
+    tenants = read_keys_file(path)
+    tenant = tenants[hashlib.sha256(key.encode()).hexdigest()]
+    assert (tenant.name, tenant.models, tenant.rpm, tenant.tpm) == ("chat", ("default", "llama-*"), 60, 1000)
+
+
+def test_keys_add_refuses_a_name_in_use(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    add_key(path, "a")
+    try:
+        add_key(path, "a")
+    except Exception as exc:
+        assert "already has a key named 'a'" in str(exc)
+    else:
+        raise AssertionError("a second key named 'a' was added")
+    assert path.read_text().startswith("# yaml-language-server: $schema=schema/keys.schema.json\n")
+
+
+def test_llmgw_serve_refuses_a_bad_keys_file_in_one_sentence(tmp_path: Path) -> None:
+    from llmgw.errors import UsageError
+    from llmgw.gateway.serve import check_environment
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys:\n  - name: a\n    sha256: nope\n")
+    try:
+        check_environment(tmp_path / "plan.json", {"LLMGW_KEYS_FILE": str(keys)})
+    except UsageError as exc:
+        assert "key #1 ('a'): `sha256` must be the key's SHA-256 in hex" in str(exc)
+    else:
+        raise AssertionError("a keys file with a bad hash was accepted")
+
+
+def test_both_kinds_of_keys_file_at_once_are_refused(tmp_path: Path) -> None:
+    from llmgw.errors import UsageError
+    from llmgw.gateway.keys import keys_from_settings
+
+    try:
+        keys_from_settings(tmp_path / "keys.yaml", tmp_path / "keys.txt")
+    except UsageError as exc:
+        assert "set one" in str(exc)
+    else:
+        raise AssertionError("both LLMGW_KEYS_FILE and LLMGW_API_KEYS_FILE were accepted")
