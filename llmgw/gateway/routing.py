@@ -66,7 +66,12 @@ def prefix_key(kind: str, request: Mapping[str, Any]) -> int | None:
         messages = request.get("messages")
         if not isinstance(messages, list) or not messages:
             return None
-        text = json.dumps(messages[:PREFIX_MESSAGES], sort_keys=True, ensure_ascii=False)[:PREFIX_CHARS]
+        # Each message's own beginning: a long shared system prompt must not crowd the first
+        # question out of the key, or every conversation under that prompt (and its load)
+        # would land on one replica; each conversation still keeps to its own.
+        text = json.dumps(
+            [_head(m) for m in messages[:PREFIX_MESSAGES]], sort_keys=True, ensure_ascii=False
+        )
     elif kind == "completion":
         prompt = request.get("prompt")
         if isinstance(prompt, list) and prompt:
@@ -77,6 +82,12 @@ def prefix_key(kind: str, request: Mapping[str, Any]) -> int | None:
     else:
         return None
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest(), "big")
+
+
+def _head(message: Any) -> Any:
+    if isinstance(message, dict) and isinstance(message.get("content"), str):
+        return {**message, "content": message["content"][:PREFIX_CHARS]}
+    return message
 
 
 def _mix(x: int) -> int:
