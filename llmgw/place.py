@@ -22,6 +22,16 @@ from llmgw.rules.memory import capacity_gb, room_on
 
 ReplicaKey = tuple[str, str, int]  # model, profile, index
 
+# Nodes by what they say of a profile's engine. A node that reports nothing is an older
+# agent (unknown, not "none"), so it comes before one that says it lacks the engine.
+REPORTS_ENGINE, REPORTS_NOTHING, LACKS_ENGINE = 0, 1, 2
+
+
+def engine_tier(reports: bool | None) -> int:
+    if reports:
+        return REPORTS_ENGINE
+    return REPORTS_NOTHING if reports is None else LACKS_ENGINE
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -236,29 +246,38 @@ class _Chooser:
                 if not s.node.matches(profile.node_selector):
                     continue
                 reports = s.node.reports(profile.engine)
-                tiers[0 if reports else 1 if reports is None else 2].append(s)
+                tiers[engine_tier(reports)].append(s)
             self.groups[key] = tiers
         return key, self.groups[key]
 
     def room_with_engine(self, want: _Want) -> bool:
         """True when a node that reports the engine, or reports nothing, can take `want`."""
         _, tiers = self._tiers(want.profile)
-        return any(s.fits(want.need_gb, want.gpus) for s in (*tiers[0], *tiers[1]))
+        able = (*tiers[REPORTS_ENGINE], *tiers[REPORTS_NOTHING])
+        return any(s.fits(want.need_gb, want.gpus) for s in able)
 
     def engine_may_run(self, profile: Profile) -> bool:
         """True when a node for this profile reports its engine, or reports nothing."""
         _, tiers = self._tiers(profile)
-        return bool(tiers[0] or tiers[1])
+        return bool(tiers[REPORTS_ENGINE] or tiers[REPORTS_NOTHING])
 
     # Spread one model's replicas over different nodes where there are enough; but a
     # node that says it lacks the engine is the last resort, since a replica there does
     # not start: two replicas on one able node serve more than one on each of two.
-    _ORDER = ((0, False), (1, False), (0, True), (1, True), (2, False), (2, True))
+    # (engine tier, may share a node with the model's other replicas), tried in this order.
+    SEARCH_ORDER = (
+        (REPORTS_ENGINE, False),
+        (REPORTS_NOTHING, False),
+        (REPORTS_ENGINE, True),
+        (REPORTS_NOTHING, True),
+        (LACKS_ENGINE, False),
+        (LACKS_ENGINE, True),
+    )
 
     def choose(self, want: _Want) -> Slot | None:
         key, tiers = self._tiers(want.profile)
         model = want.entry.spec.name
-        for t, allow_same_node in self._ORDER:
+        for t, allow_same_node in self.SEARCH_ORDER:
             found = self._scan(key + (t,), tiers[t], want, model, allow_same_node)
             if found:
                 return found

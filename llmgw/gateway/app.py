@@ -184,8 +184,6 @@ def create_app(
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)
-    # Clients stream bodies of any size through /v1; falcon must not buffer forms.
-    app.req_options.auto_parse_form_urlencoded = False
 
     models = Models()
     app.add_route("/v1/models", models)

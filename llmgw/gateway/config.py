@@ -53,7 +53,7 @@ class Settings:
     max_response_bytes: int = 64 * 1024 * 1024
 
 
-# name -> (field, parser); the README's table of variables is this table.
+# Variable -> Settings field, one table per type; the README's table of variables lists the same names.
 _FLOATS = {
     "LLMGW_CONNECT_TIMEOUT": "connect_timeout",
     "LLMGW_FIRST_BYTE_TIMEOUT": "first_byte_timeout",
