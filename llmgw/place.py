@@ -354,9 +354,11 @@ def _why_short(
                        "the same model runs on the CPU nodes with engine llamacpp.")
     elif not any(capacity_gb(n, profile) >= want.need_gb for n in eligible):
         largest = max(eligible, key=lambda n: (capacity_gb(n, profile), n.name))
-        reason = (f"a replica needs {want.need_gb:g} GB and it is too big for every eligible "
-                  f"node (the largest, {room_on(largest, profile)}). Write min_memory_gb if the "
-                  "estimate is wrong, or add a larger node.")
+        memory = entry.memory(profile)
+        basis = f" ({memory.basis})" if memory is not None else ""
+        reason = (f"a replica needs {want.need_gb:g} GB{basis} and it is too big for every "
+                  f"eligible node (the largest, {room_on(largest, profile)}). Write "
+                  "min_memory_gb if the estimate is wrong, or add a larger node.")
     else:
         fit = sorted(n.name for n in eligible if capacity_gb(n, profile) >= want.need_gb)
         if all(states[name].next_port > states[name].node.ports.last for name in fit):

@@ -1,20 +1,25 @@
-"""memory-fit, memory-unknown: a replica's memory figure exists and fits somewhere."""
+"""memory-unknown: a replica's memory figure exists.
+
+A figure too big for every node it may run on is not reported here: placement reports it
+as its error, with the figure's basis and the largest node's room. It once came twice, as a
+`memory-fit` warning and a `placement` error for the same shortage.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import cast
 
 from llmgw.findings import Finding
-from llmgw.model import Fleet, Node, Profile
+from llmgw.model import Node, Profile
 from llmgw.rules import Context, Entry
 
 
 def check(ctx: Context) -> Iterator[Finding]:
     for entry, profile in ctx.placed_profiles():
-        key = ("largest", tuple(sorted(profile.node_selector.items())), profile.gpus_needed)
-        largest = cast("tuple[Node, float] | None", ctx.once(key, _largest, ctx.fleet, profile))
-        yield from _check_profile(entry, profile, largest)
+        if entry.memory(profile) is None:
+            yield entry.doc.finding(
+                "error", "memory-unknown", entry.profile_path(profile), _unknown_message(entry)
+            )
 
 
 def capacity_gb(node: Node, profile: Profile) -> float:
@@ -23,37 +28,6 @@ def capacity_gb(node: Node, profile: Profile) -> float:
     if gpus:
         return node.gpu_memory_gb * min(gpus, node.gpu_count)
     return node.memory_gb
-
-
-def _largest(fleet: Fleet, profile: Profile) -> tuple[Node, float] | None:
-    # Nodes without enough GPUs are placement's to explain, not a memory question.
-    nodes = [n for n in fleet.matching(profile.node_selector)
-             if n.gpu_count >= profile.gpus_needed]
-    if not nodes:
-        return None
-    node = max(nodes, key=lambda n: (capacity_gb(n, profile), n.name))
-    return node, capacity_gb(node, profile)
-
-
-def _check_profile(
-    entry: Entry, profile: Profile, largest_node: tuple[Node, float] | None
-) -> Iterator[Finding]:
-    path = entry.profile_path(profile)
-    memory = entry.memory(profile)
-    if memory is None:
-        yield entry.doc.finding("error", "memory-unknown", path, _unknown_message(entry))
-        return
-    if largest_node is None:
-        return  # selector-matches-nothing says so
-    largest, room = largest_node
-    if memory.gb <= room:
-        return
-    yield entry.doc.finding(
-        "warning", "memory-fit", path,
-        f"a replica needs {memory.gb:g} GB ({memory.basis}) but the largest node it may run on, "
-        f"{room_on(largest, profile)}. Write min_memory_gb if the estimate is wrong, or add a "
-        "larger node.",
-    )
 
 
 def room_on(node: Node, profile: Profile) -> str:

@@ -230,11 +230,13 @@ def test_selector_matching_no_node_is_an_error_listing_labels(tmp_path):
     assert not by_rule(result, "placement")
 
 
-def test_memory_estimate_over_the_largest_node_warns_with_both_figures(tmp_path):
+def test_memory_estimate_over_the_largest_node_is_one_error_with_both_figures(tmp_path):
     result = run(tmp_path, {"a.yaml": model_yaml(weights=60_000_000_000)})
-    [finding] = by_rule(result, "memory-fit")
-    assert finding.severity == "warning"
-    assert "90 GB" in finding.message and "64 GB" in finding.message and "cpu-" in finding.message
+    [finding] = by_rule(result, "placement")
+    assert finding.severity == "error"
+    assert "90 GB (weights 60.0 GB" in finding.message, "the figure and how it was reached"
+    assert "64 GB" in finding.message and "cpu-" in finding.message, "and the largest node's room"
+    assert [f.rule for f in result.findings] == ["placement"], "the shortage is reported once"
 
 
 def test_unknown_weights_size_without_min_memory_is_an_error(tmp_path):
@@ -336,12 +338,12 @@ def test_placement_settings_on_a_profile_with_endpoints_are_warned_as_doing_noth
 def test_memory_fit_on_gpus_says_how_many_cards_of_what_size(tmp_path):
     vllm = {"source": "hf://o/big", "engine": "vllm", "selector": "{pool: gpu}"}
     one = run(tmp_path, {"a.yaml": model_yaml(weights=100_000_000_000, **vllm)})
-    [finding] = by_rule(one, "memory-fit")
+    [finding] = by_rule(one, "placement")
     assert "gpu-1, gives it 80 GB: 1 of its 2 GPUs of 80 GB each, as the profile asks for 1" \
         in finding.message
     two_gpus = "    gpus: 2\n"
     two = run(tmp_path, {"a.yaml": model_yaml(weights=150_000_000_000, profile_extra=two_gpus, **vllm)})
-    [finding] = by_rule(two, "memory-fit")
+    [finding] = by_rule(two, "placement")
     assert "gpu-1, gives it 160 GB: its 2 GPUs of 80 GB each" in finding.message, finding.message
 
 
