@@ -7,6 +7,9 @@ once turned the machine's /dev/null into a regular file holding a plan. Anything
 (a device, a FIFO, a process substitution's /dev/fd/N) is written to directly, as a
 shell redirection would. A symlink is followed, so the file it points at gets the new
 content and the link stays a link.
+
+`file_signature` is the reader's side: a file replaced this way has a new identity, which
+the gateway (plan, keys) and the node agent (plan) poll for.
 """
 
 from __future__ import annotations
@@ -40,3 +43,16 @@ def replace_file(path: Path, data: bytes, tag: str = "tmp") -> None:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+Signature = tuple[int, int, int, int] | None
+
+
+def file_signature(path: Path) -> Signature:
+    """Device, inode, size and mtime: any of them changes when the file is replaced or
+    written; None while it does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

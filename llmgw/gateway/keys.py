@@ -15,7 +15,6 @@ import asyncio
 import datetime as dt
 import fnmatch
 import logging
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from llmgw.atomic import file_signature
 from llmgw.errors import UsageError
 
 log = logging.getLogger("llmgw.gateway")
@@ -149,29 +149,18 @@ def _entry(path: Path, number: int, entry: Any) -> tuple[Tenant, str]:
     return tenant, digest.lower()
 
 
-_Signature = tuple[int, int, int, int] | None
-
-
-def _signature(path: Path) -> _Signature:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 class Keys:
     """The keys this worker accepts now; `check_file` picks up a replaced file."""
 
     def __init__(self, path: Path, structured: bool) -> None:
         self.path = path
         self.read = read_keys_file if structured else read_digest_file
-        self._signature = _signature(path)
+        self._signature = file_signature(path)
         self.tenants = self.read(path)  # at start a bad file stops the gateway, as a bad plan does
         self.refusal: str | None = None
 
     def check_file(self) -> None:
-        signature = _signature(self.path)
+        signature = file_signature(self.path)
         if signature == self._signature:
             return
         self._signature = signature

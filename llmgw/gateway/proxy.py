@@ -22,6 +22,7 @@ costing GPU time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -162,7 +163,7 @@ class Proxy:
             request, body, meter = _ask_for_usage(request, body)
         watch = Disconnect(req.scope.get("llmgw.receive"))
         try:
-            key = prefix_key(self.kind, request)
+            key = functools.partial(prefix_key, self.kind, request)
             answer = await self._open(model, requested, request, body, ctx, watch, key)
         except BaseException:
             watch.stop()
@@ -202,7 +203,7 @@ class Proxy:
         body: bytes,
         ctx: Any,
         watch: Disconnect,
-        key: int | None,
+        key: Callable[[], int | None],
     ) -> Answer:
         headers = [("content-type", "application/json"), ("x-request-id", ctx.request_id)]
         rewritten: dict[str, bytes] = {}

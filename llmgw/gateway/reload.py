@@ -20,24 +20,13 @@ import os
 import time
 from pathlib import Path
 
-from llmgw.atomic import replace_file
+from llmgw.atomic import Signature, file_signature, replace_file
 from llmgw.errors import LlmgwError, PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.routing import RouteTable
 from llmgw.plan import Plan, dump_plan, parse_plan, read_plan
 
 log = logging.getLogger("llmgw.gateway")
-
-_Signature = tuple[int, int, int, int] | None
-
-
-def _signature(path: Path) -> _Signature:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
 
 def last_good_path(plan: Path) -> Path:
     return plan.with_name(f".{plan.name}.last-good")
@@ -53,7 +42,7 @@ class PlanState:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.last_good = last_good_path(path)
-        self._signature: _Signature = _signature(path)
+        self._signature: Signature = file_signature(path)
         self.refusal: str | None = None
         try:
             self.table = RouteTable.from_plan(read_plan(path), created=self._created())
@@ -92,13 +81,13 @@ class PlanState:
                 log.exception("checking %s for a new plan failed", self.path)
 
     async def check_file(self) -> None:
-        if _signature(self.path) == self._signature:
+        if file_signature(self.path) == self._signature:
             return
         async with self._changing:
             await self._check_file()
 
     async def _check_file(self) -> None:
-        signature = _signature(self.path)  # again: a deploy may have written it meanwhile
+        signature = file_signature(self.path)  # again: a deploy may have written it meanwhile
         if signature == self._signature:
             return
         if signature is None:
@@ -147,7 +136,7 @@ class PlanState:
                     f"the gateway cannot write its plan file {self.path}: "
                     f"{exc.strerror or exc}; the operator must make its folder writable."
                 ) from None
-            self._signature = _signature(self.path)
+            self._signature = file_signature(self.path)
             self._adopt(table)
             return self.table.digest
 
@@ -180,7 +169,7 @@ class PlanState:
     def _keep_as_last_good(self) -> None:
         if self.refusal is not None:
             return  # serving the last good plan already
-        if _signature(self.path) != self._signature:
+        if file_signature(self.path) != self._signature:
             # The file changed since this worker read it: another worker may already have
             # kept the newer plan, which this older one must not overwrite.
             return

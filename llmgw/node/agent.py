@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from llmgw.atomic import Signature, file_signature
 from llmgw.engines import engine_command
 from llmgw.errors import LlmgwError, PlanError
 from llmgw.node.process import (
@@ -432,23 +433,16 @@ class FilePlan:
     def __init__(self, path: Path, interval: float = 1.0) -> None:
         self.path = path
         self.interval = interval
-        self.seen: tuple[int, int, int] | None = None
-
-    def _signature(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+        self.seen: Signature = None
 
     def first(self) -> Plan:
-        self.seen = self._signature()
+        self.seen = file_signature(self.path)
         return read_plan(self.path)
 
     async def next(self, current: Plan) -> Plan:
         while True:
             await asyncio.sleep(self.interval)
-            signature = self._signature()
+            signature = file_signature(self.path)
             if signature is None or signature == self.seen:
                 continue
             self.seen = signature
