@@ -212,7 +212,14 @@ def test_a_restarted_agent_keeps_the_engine_and_a_deploy_that_drops_the_model_st
 
             empty = fleet.plan({})
             wait_for(lambda: not alive(pid), 60, "the dropped model's engine to stop", agent)
-            assert agent.status()["plan_digest"] == empty["digest"]
+            # The agent records the new plan once every stop has returned, a moment after the
+            # process is gone (CI once read the status in between).
+            wait_for(
+                lambda: agent.status()["plan_digest"] == empty["digest"],
+                30,
+                "the agent to report the new plan",
+                agent,
+            )
             assert json.loads(fleet.plan_path.read_text())["models"] == []
     finally:
         if agent.proc is not None and agent.proc.poll() is None:
