@@ -69,9 +69,7 @@ class Access:
         ctx = req.context
         ctx.start = time.perf_counter()
         given = req.get_header("X-Request-Id")
-        ctx.request_id = (
-            given if given and _plausible_id(given) else f"{self._prefix}{next(self._ids)}"
-        )
+        ctx.request_id = given if given and _plausible_id(given) else f"{self._prefix}{next(self._ids)}"
         ctx.table = self.state.table
         ctx.model = None
         ctx.replica = None

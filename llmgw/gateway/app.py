@@ -31,7 +31,7 @@ from llmgw.gateway.proxy import AnswerCut, Proxy
 from llmgw.gateway.reload import PlanState
 from llmgw.gateway.resources import AdminKeys, AdminPlan, Healthz, Metrics, Models, Readyz
 from llmgw.gateway.routing import RouteTable
-from llmgw.gateway.upstream import FastTransport
+from llmgw.gateway.upstream import FastTransport, Upstream
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -59,47 +59,12 @@ class BodyWatch:
         return event
 
 
-class ClientStalled(Exception):
-    """A write to the client made no progress within the write timeout."""
-
-
-class TimedSend:
-    """The ASGI `send`, given up on when the client stops reading.
-
-    The server waits for room in the socket before each write, without limit: three clients
-    that asked for a stream and never read it held their engine connections (and so the
-    engines' generation slots) open long after the chunk timeout, since the relay only times
-    the engine. Raising here ends the request; the relay's `close` drops the engine
-    connection, and the server closes the client's.
-    """
-
-    __slots__ = ("_send", "timeout", "stalled")
-
-    def __init__(self, send: Any, timeout: float) -> None:
-        self._send = send
-        self.timeout = timeout
-        self.stalled = False
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if self.stalled:
-            raise ClientStalled
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self._send(message)
-        except TimeoutError:
-            self.stalled = True
-            raise ClientStalled from None
-
-
 class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generic in request/response types
-    """Falcon's app, also handing the ASGI `receive` to resources through the scope, and
-    timing each write to the client (see `TimedSend`).
+    """Falcon's app, also handing the ASGI `receive` to resources through the scope.
 
     The proxy needs `receive` to notice a client that goes away mid-answer: falcon itself
     only notices that for its own SSE emitter, and then only after the next event arrives.
     """
-
-    write_timeout = 60.0
 
     async def __call__(  # type: ignore[override]
         self, scope: dict[str, Any], receive: Any, send: Any
@@ -110,10 +75,9 @@ class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generi
             return
         body = scope["llmgw.body"] = BodyWatch(receive)
         scope["llmgw.receive"] = body.receive
-        timed = scope["llmgw.send"] = TimedSend(send, self.write_timeout)
         try:
-            await super().__call__(scope, body.receive, timed.send)
-        except (ClientStalled, AnswerCut):
+            await super().__call__(scope, body.receive, send)
+        except AnswerCut:
             # The response is unfinished: returning now has the server close the
             # connection (and log that it did).
             pass
@@ -161,15 +125,16 @@ def create_app(
     _log_to_stderr()
     keys = keys_from_settings(settings.keys_file, settings.api_keys_file)
     state = PlanState(settings.plan_path)
-    client = httpx.AsyncClient(
+    # External endpoints may be https; those take httpx's own transport.
+    upstream = Upstream(FastTransport(), httpx.AsyncHTTPTransport(retries=0, trust_env=False))
+    client = httpx.AsyncClient(  # health checks; requests go through `upstream` itself
         # Engines are on the LAN: compressing tokens would cost more CPU than it saves.
         headers={"accept-encoding": "identity"},
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
         timeout=httpx.Timeout(settings.connect_timeout),
         trust_env=False,
-        transport=FastTransport(),
-        # External endpoints may be https; those take httpx's own transport.
-        mounts={"https://": httpx.AsyncHTTPTransport(retries=0)},
+        transport=upstream.plain,
+        mounts={"https://": upstream.secure},
     )
     health = Health(
         client,
@@ -180,7 +145,6 @@ def create_app(
     limiter = Limiter(_shared_directory()) if settings.keys_file is not None else None
 
     app = _App(middleware=[Lifecycle(state, health, client, settings, keys), access])
-    app.write_timeout = settings.chunk_timeout
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)
@@ -198,7 +162,7 @@ def create_app(
         ("completion", "/v1/completions"),
         ("embedding", "/v1/embeddings"),
     ):
-        app.add_route(path, Proxy(kind, client, health, settings, access, outliers, budget, limiter))
+        app.add_route(path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter))
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())
     app.add_route("/readyz", Readyz(state, settings.metrics_token, keys))

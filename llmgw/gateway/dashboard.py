@@ -236,9 +236,7 @@ def _asset_version(name: str) -> str:
     return hashlib.sha256((_STATIC / name).read_bytes()).hexdigest()[:12]
 
 
-def render_page(
-    snapshot: DashboardSnapshot, now: float | None = None, view: PlanView | None = None
-) -> str:
+def render_page(snapshot: DashboardSnapshot, now: float | None = None, view: PlanView | None = None) -> str:
     """The whole page as HTML, with health as of this call."""
     now = time.time() if now is None else now
     view = view or _VIEWS.get(snapshot.plan)
@@ -305,9 +303,7 @@ class _StaticResource:
             etag = hashlib.sha256(body).hexdigest()[:16]
             self._assets[path.name] = _Asset(body, content_type, etag)
 
-    async def on_get(
-        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str
-    ) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         asset = self._assets.get(name)
         if asset is None:
             raise falcon.HTTPNotFound(

@@ -43,8 +43,9 @@ class Discovery:
             self.resolver = dns.asyncresolver.Resolver()
         else:
             self.resolver = dns.asyncresolver.Resolver(configure=False)
-            self.resolver.nameservers = [dns.nameserver.Do53Nameserver(host, port)
-                                         for host, port in settings.dns_servers]
+            self.resolver.nameservers = [
+                dns.nameserver.Do53Nameserver(host, port) for host, port in settings.dns_servers
+            ]
         # A lookup that takes longer than this is a failure; the last answer stands meanwhile.
         self.resolver.lifetime = max(1.0, min(self.interval, 3.0))
 
@@ -73,8 +74,10 @@ class Discovery:
             since = f"the answer of {when}" if when else "no answer yet"
             if group.error is None:
                 log.warning("looking up %s failed (%s); routing to %s", group.host, exc, since)
-            group.failed(f"looking up {group.host} failed ({exc}); routing to the {kept} address(es) of "
-                         f"{since}. Check the DNS server (LLMGW_DNS_SERVERS) and the name in the plan.")
+            group.failed(
+                f"looking up {group.host} failed ({exc}); routing to the {kept} address(es) of "
+                f"{since}. Check the DNS server (LLMGW_DNS_SERVERS) and the name in the plan."
+            )
             group.next_at = loop.time() + max(SHORTEST, min(self.interval, 1.0))
             return
         before = {r.endpoint for r in group.replicas}
@@ -82,8 +85,13 @@ class Discovery:
         group.next_at = loop.time() + max(SHORTEST, min(ttl, self.interval))
         left = before - {r.endpoint for r in group.replicas}
         if joined or left:
-            log.info("%s now lists %d address(es): %d new, %d gone",
-                     group.host, len(group.replicas), len(joined), len(left))
+            log.info(
+                "%s now lists %d address(es): %d new, %d gone",
+                group.host,
+                len(group.replicas),
+                len(joined),
+                len(left),
+            )
         # Checked at once, not at the next health round: a new pod serves as soon as it says so.
         await asyncio.gather(*(self.health.probe(r) for r in joined))
 

@@ -120,14 +120,17 @@ def _entry(path: Path, number: int, entry: Any) -> tuple[Tenant, str]:
         raise UsageError(f"{where} is not a mapping; write `- name: ...` with `sha256: ...`.")
     unknown = sorted(set(entry) - _FIELDS)
     if unknown:
-        raise UsageError(f"{where} has unknown field(s) {', '.join(map(str, unknown))}; "
-                         f"a key takes only {', '.join(sorted(_FIELDS))}.")
+        raise UsageError(
+            f"{where} has unknown field(s) {', '.join(map(str, unknown))}; "
+            f"a key takes only {', '.join(sorted(_FIELDS))}."
+        )
     name, digest = entry.get("name"), entry.get("sha256")
     if not isinstance(name, str) or not _NAME.match(name):
         raise UsageError(f"{where}: `name` must be letters, digits, '.', '_' or '-' (it labels metrics).")
     if not isinstance(digest, str) or not _HEX64.match(digest.lower()):
-        raise UsageError(f"{where} ('{name}'): `sha256` must be the key's SHA-256 in hex; "
-                         "`llmgw keys add` writes one.")
+        raise UsageError(
+            f"{where} ('{name}'): `sha256` must be the key's SHA-256 in hex; `llmgw keys add` writes one."
+        )
     models = entry.get("models")
     if models is not None and (
         not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)
@@ -137,8 +140,10 @@ def _entry(path: Path, number: int, entry: Any) -> tuple[Tenant, str]:
     for field in ("rpm", "tpm"):
         value = entry.get(field)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(f"{where} ('{name}'): `{field}` must be a whole number of 1 or more; "
-                             "leave it out for no limit.")
+            raise UsageError(
+                f"{where} ('{name}'): `{field}` must be a whole number of 1 or more; "
+                "leave it out for no limit."
+            )
         limits[field] = value
     expires = entry.get("expires")
     if expires is not None and not isinstance(expires, dt.date):

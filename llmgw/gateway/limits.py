@@ -130,8 +130,7 @@ class Limiter:
     def used(self, tenant: Tenant) -> tuple[int, int]:
         """Requests and tokens the key used in the last minute, as the limits count them."""
         requests, tokens = self.db.execute(
-            "SELECT COALESCE(SUM(requests), 0), COALESCE(SUM(tokens), 0) FROM used "
-            "WHERE key = ? AND at >= ?",
+            "SELECT COALESCE(SUM(requests), 0), COALESCE(SUM(tokens), 0) FROM used WHERE key = ? AND at >= ?",
             (tenant.name, time.time() - WINDOW),
         ).fetchone()
         return int(requests), int(tokens)

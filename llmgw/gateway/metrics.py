@@ -56,7 +56,8 @@ REQUESTS = Counter(
     "llmgw_requests", "Requests answered, by model, status and key.", ["model", "status", "key"]
 )
 TOKENS = Counter(
-    "llmgw_tokens", "Tokens used, from the engines' usage, by kind (prompt, completion).",
+    "llmgw_tokens",
+    "Tokens used, from the engines' usage, by kind (prompt, completion).",
     ["model", "key", "kind"],
 )
 RATE_LIMITED = Counter(
@@ -88,9 +89,7 @@ REPLICA_EJECTED = Gauge(
     ["replica"],
     multiprocess_mode="liveall",
 )
-EJECTIONS = Counter(
-    "llmgw_ejections", "Replicas ejected for failing real requests in a row.", ["replica"]
-)
+EJECTIONS = Counter("llmgw_ejections", "Replicas ejected for failing real requests in a row.", ["replica"])
 EJECTION_RETURNS = Counter(
     "llmgw_ejection_returns",
     "Ejected replicas back to full traffic after a successful trial request.",
@@ -103,8 +102,7 @@ EJECTIONS_SKIPPED = Counter(
 )
 RETRIES = Counter(
     "llmgw_retries",
-    "Requests tried again on another replica (made), or not because the retry budget was "
-    "spent (refused).",
+    "Requests tried again on another replica (made), or not because the retry budget was spent (refused).",
     ["result"],
 )
 PLAN_INFO = Gauge(

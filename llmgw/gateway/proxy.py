@@ -43,12 +43,16 @@ from llmgw.gateway.limits import Limiter
 from llmgw.gateway.outlier import Outliers, RetryBudget
 from llmgw.gateway.rename import EventRename, JsonRename
 from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, prefix_key
+from llmgw.gateway.upstream import Upstream
 from llmgw.gateway.usage import Meter, prompt_estimate
 
 log = logging.getLogger("llmgw.gateway")
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 CLIENT_GONE = 499  # nginx's "client closed request": logged, never seen by a client
+# Set in the request's scope by the server's protocol (gateway/worker.py) when it dropped a
+# client that read nothing for this many seconds.
+STALLED = "llmgw.stalled"
 
 # Failures that mean "this replica did not take the request": safe to send it elsewhere.
 _NOT_TAKEN = (
@@ -77,9 +81,7 @@ class Disconnect:
         self.task = asyncio.current_task()
         self.waiting = False
         self.gone = False
-        self.watcher = (
-            asyncio.get_running_loop().create_task(self._watch(receive)) if receive else None
-        )
+        self.watcher = asyncio.get_running_loop().create_task(self._watch(receive)) if receive else None
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -106,7 +108,7 @@ class Proxy:
     def __init__(
         self,
         kind: str,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         health: Health,
         settings: Settings,
         access: Access,
@@ -120,7 +122,7 @@ class Proxy:
         self.limiter = limiter
         self.max_response = settings.max_response_bytes
         self.path = UPSTREAM_PATHS[kind]
-        self.client = client
+        self.upstream = upstream
         self.health = health
         self.access = access
         self.limit = settings.max_body_bytes
@@ -374,7 +376,7 @@ class Proxy:
         watch.waiting = True
         try:
             async with asyncio.timeout(self.first_byte_timeout):
-                upstream = await self.client.send(outgoing, stream=True)
+                upstream = await self.upstream.send(outgoing)
                 chunks = upstream.aiter_raw()
                 if upstream.status_code in _REPLICA_TROUBLE:
                     return Answer(upstream, replica, chunks, b"")  # not read: it is retried
@@ -490,6 +492,12 @@ class Relay:
         )
 
     async def _next(self) -> bytes:
+        if self.watch.gone:
+            # The client left while its last chunk was being sent (the server drops the
+            # writes of a closed connection without a word): nothing more is wanted.
+            self.status = CLIENT_GONE
+            await self.close()
+            raise StopAsyncIteration
         self.watch.waiting = True
         try:
             async with asyncio.timeout(self.proxy.chunk_timeout):
@@ -551,13 +559,13 @@ class Relay:
         if self.closed:
             return
         self.closed = True
-        timed = self.req.scope.get("llmgw.send")
-        if timed is not None and timed.stalled:
+        stalled = self.req.scope.get(STALLED)
+        if stalled is not None:
             self.status = CLIENT_GONE
             log.warning(
                 "client of request %s read nothing for %gs; its answer from %s was cut off",
                 self.req.context.request_id,
-                timed.timeout,
+                stalled,
                 self.replica.endpoint,
             )
         self.watch.stop()
@@ -682,9 +690,7 @@ def _parse(body: bytes) -> dict[str, Any]:
         raise ApiError(400, 'The request body must be a JSON object, e.g. {"model": ...}.')
     model = request.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(
-            400, "The request has no `model`; name one from GET /v1/models.", param="model"
-        )
+        raise ApiError(400, "The request has no `model`; name one from GET /v1/models.", param="model")
     return request
 
 
@@ -692,8 +698,7 @@ def _wrong_endpoint(model: Model, path: str) -> ApiError:
     right = " or ".join(UPSTREAM_PATHS[k] for k in sorted(ENDPOINTS_FOR_TASK[model.task]))
     return ApiError(
         400,
-        f"'{model.name}' is {_article(model.task)} {model.task} model; send it to POST {right}, "
-        f"not {path}.",
+        f"'{model.name}' is {_article(model.task)} {model.task} model; send it to POST {right}, not {path}.",
         param="model",
         code="wrong_endpoint",
     )

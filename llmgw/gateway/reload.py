@@ -28,6 +28,7 @@ from llmgw.plan import Plan, dump_plan, parse_plan, read_plan
 
 log = logging.getLogger("llmgw.gateway")
 
+
 def last_good_path(plan: Path) -> Path:
     return plan.with_name(f".{plan.name}.last-good")
 
@@ -108,8 +109,7 @@ class PlanState:
             log.exception("checking %s for a new plan failed", self.path)
             self._signature = signature
             self._refuse(
-                f"the gateway failed checking {self.path} ({type(exc).__name__}); "
-                "its log has the details."
+                f"the gateway failed checking {self.path} ({type(exc).__name__}); its log has the details."
             )
             return
         self._signature = signature

@@ -105,7 +105,8 @@ class Readyz:
         if keys is not None:
             # A refused keys file is a deploy that did not take, like a refused plan.
             doc["keys"] = (
-                {"result": "refused", "reason": keys.refusal} if keys.refusal
+                {"result": "refused", "reason": keys.refusal}
+                if keys.refusal
                 else {"result": "loaded", "count": len(keys.tenants)}
             )
         if state.table.groups:
@@ -223,8 +224,9 @@ class AdminKeys:
         check_admin_token(self.token, req.get_header("Authorization"))
         tenant = next((t for t in self._tenants() if t.name == name), None)
         if tenant is None:
-            raise ApiError(404, f"There is no key named '{name}'; GET /admin/keys lists them.",
-                           code="key_not_found")
+            raise ApiError(
+                404, f"There is no key named '{name}'; GET /admin/keys lists them.", code="key_not_found"
+            )
         resp.content_type = falcon.MEDIA_JSON
         resp.data = json.dumps(self._doc(tenant, metrics.usage_by_key())).encode()
 

@@ -69,9 +69,7 @@ def prefix_key(kind: str, request: Mapping[str, Any]) -> int | None:
         # Each message's own beginning: a long shared system prompt must not crowd the first
         # question out of the key, or every conversation under that prompt (and its load)
         # would land on one replica; each conversation still keeps to its own.
-        text = json.dumps(
-            [_head(m) for m in messages[:PREFIX_MESSAGES]], sort_keys=True, ensure_ascii=False
-        )
+        text = json.dumps([_head(m) for m in messages[:PREFIX_MESSAGES]], sort_keys=True, ensure_ascii=False)
     elif kind == "completion":
         prompt = request.get("prompt")
         if isinstance(prompt, list) and prompt:

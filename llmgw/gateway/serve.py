@@ -61,9 +61,7 @@ def serve_environment(plan: Path, base: Mapping[str, str] | None = None) -> dict
     if env.get("PROMETHEUS_MULTIPROC_DIR"):
         env.pop(MADE_METRICS_DIR, None)  # the operator's, even if inherited from another run
     else:
-        env["PROMETHEUS_MULTIPROC_DIR"] = env[MADE_METRICS_DIR] = tempfile.mkdtemp(
-            prefix="llmgw-metrics-"
-        )
+        env["PROMETHEUS_MULTIPROC_DIR"] = env[MADE_METRICS_DIR] = tempfile.mkdtemp(prefix="llmgw-metrics-")
     # Workers must import this same llmgw, installed or not.
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if _PACKAGE_ROOT not in paths:
@@ -103,7 +101,9 @@ def serve(plan: Path, bind: str, workers: int) -> None:
         if not last_good.is_file():
             raise
         RouteTable.from_plan(read_plan(last_good), created=0)
-        print(f"llmgw: {exc} Serving the last good plan ({last_good}) until a good one "
-              "replaces it.", file=sys.stderr)
+        print(
+            f"llmgw: {exc} Serving the last good plan ({last_good}) until a good one replaces it.",
+            file=sys.stderr,
+        )
     argv = gunicorn_argv(bind, workers)
     os.execve(sys.executable, argv, serve_environment(plan))

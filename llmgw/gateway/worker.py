@@ -11,6 +11,8 @@ app's, so they live in the protocol the worker runs:
                                LLMGW_HEADER_TIMEOUT: else 408 and the connection closed
     body                       at most LLMGW_BODY_TIMEOUT without a byte: the connection closed
     connections per worker     LLMGW_MAX_CONNECTIONS: past it, uvicorn answers 503
+    an answer the client stops reading: once the socket's buffer is full, LLMGW_CHUNK_TIMEOUT
+                               without room for more: the connection dropped
 
 Idle time between requests on a kept-alive connection is gunicorn's --keep-alive, as before.
 """
@@ -25,6 +27,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
 from llmgw.gateway.config import Settings, settings_from_env
+from llmgw.gateway.proxy import STALLED
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -39,9 +42,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     max_headers = 100
     header_timeout = 10.0
     body_timeout = 30.0
+    write_timeout = 60.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._write_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._head_lines = 0
         self._refusal: tuple[int, str] | None = None
@@ -51,7 +56,33 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
         super().connection_lost(exc)
+
+    # Flow control. The server waits for room in the socket before each write, without
+    # limit: three clients that asked for a stream and never read it held their engine
+    # connections (and so the engines' generation slots) open long after the chunk
+    # timeout. Timed here, where the wait starts and ends, rather than around every write
+    # the app makes: that cost a timer per write, most of which never waits.
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout, self._write_expired)
+
+    def resume_writing(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        super().resume_writing()
+
+    def _write_expired(self) -> None:
+        self._write_timer = None
+        if self.cycle is not None:
+            self.cycle.scope[STALLED] = self.write_timeout  # type: ignore[literal-required]
+        # abort, not close: close would wait to flush what the client is not reading. The
+        # app hears `http.disconnect`, and the proxy drops the engine's connection.
+        self.transport.abort()
 
     # Parser callbacks
     def on_message_begin(self) -> None:
@@ -148,6 +179,7 @@ def limited_protocol(settings: Settings) -> type[LimitedHttpToolsProtocol]:
             "max_headers": settings.max_headers,
             "header_timeout": settings.header_timeout,
             "body_timeout": settings.body_timeout,
+            "write_timeout": settings.chunk_timeout,
         },
     )
 
