@@ -1,26 +1,36 @@
-"""What the gateway costs: the same requests, straight to a fake engine and through llmgw.
+"""What the gateway costs: the same requests, straight to a fake engine, through nginx, and
+through llmgw.
 
-    /work/venv/bin/python bench/gateway.py [--seconds 5] [--connections 64] [--workers 2]
+    .venv/bin/python bench/gateway.py [--seconds 5] [--connections 64] [--workers 2]
 
 Measures, in one run and against the same fast fake engine (tests/gateway/fake_engine.py):
-latency at one connection (sequential requests) and throughput at many connections, first
-direct and then through a real gateway (gunicorn + uvicorn workers), and prints the latency
-the gateway adds at p50 and p99 and the ratio of throughputs. The load generator is a raw
-asyncio HTTP/1.1 client with keep-alive, so it spends as little CPU as it can: on a 2-core
-machine it, the engine and the gateway share the cores, so figures are pessimistic for the
-gateway compared with a gateway on its own machine.
+latency at one connection (sequential requests) and throughput at many connections, direct,
+through nginx's `proxy_pass` (Debian's nginx-light, as many worker processes as the gateway
+has workers, keep-alive to the engine), and through a real gateway (gunicorn + uvicorn
+workers). It prints the latency each proxy adds at p50 and p99, requests per second, the
+gateway's throughput as a share of nginx's, and the CPU time the gateway's workers spent per
+request (read from /proc: steadier than wall-clock figures on a shared machine).
+
+The load generator is a raw asyncio HTTP/1.1 client with keep-alive, so it spends as little
+CPU as it can: on a 2-core machine it, the engine and the proxy share the cores, so the
+figures understate what either proxy does on a machine of its own. nginx is skipped, and
+said so, when it is not installed (`apt-get install nginx-light`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httptools
@@ -89,7 +99,7 @@ async def latencies(url: str, path: str, count: int) -> list[float]:
     return times
 
 
-async def throughput(url: str, path: str, connections: int, seconds: float) -> float:
+async def throughput(url: str, path: str, connections: int, seconds: float) -> tuple[float, int]:
     clients = [await _connect(url, path) for _ in range(connections)]
     done = 0
     errors = 0
@@ -115,7 +125,71 @@ async def throughput(url: str, path: str, connections: int, seconds: float) -> f
         c.transport.close()
     if errors:
         raise SystemExit(f"{errors} bench requests failed")
-    return done / elapsed
+    return done / elapsed, done
+
+
+NGINX_CONF = """\
+daemon off;
+master_process on;
+worker_processes {workers};
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 10000000;  # the bench's connections live for the whole run
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    upstream engine {{ server {engine}; keepalive 256; keepalive_requests 10000000; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx(engine_url: str, workers: int) -> Iterator[str | None]:
+    """nginx proxying to the engine, as the reference a proxy can be held to; None without it."""
+    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if binary is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        port = harness.free_port()
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(
+            NGINX_CONF.format(workers=workers, dir=tmp, port=port, engine=engine_url.removeprefix("http://"))
+        )
+        proc = subprocess.Popen([binary, "-c", str(conf), "-p", tmp], stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            harness.wait_until(lambda: _answers(url), 10, "nginx to listen")
+            yield url
+        finally:
+            harness.stop(proc)
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    return httpx.post(url + "/v1/chat/completions", content=BODY, timeout=5).status_code == 200
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    """User and system CPU time the processes have used, from /proc."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -123,11 +197,22 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
-async def measure(url: str, args: argparse.Namespace) -> dict[str, float]:
+async def measure(url: str, args: argparse.Namespace, pids: set[int]) -> dict[str, float]:
+    """Latency at one connection, then throughput; and the CPU `pids` spent per request."""
     path = "/v1/chat/completions"
+    before = cpu_seconds(pids)
     lat = await latencies(url, path, args.requests)
-    rps = await throughput(url, path, args.connections, args.seconds)
-    return {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "mean": statistics.fmean(lat), "rps": rps}
+    rps, done = await throughput(url, path, args.connections, args.seconds)
+    # The warm-ups are requests too: 200 sequential, and about a second at full load.
+    spent = cpu_seconds(pids) - before
+    cpu = spent / (len(lat) + 200 + done * (1 + 1 / args.seconds)) if pids else 0.0
+    return {
+        "p50": pct(lat, 0.5),
+        "p99": pct(lat, 0.99),
+        "mean": statistics.fmean(lat),
+        "rps": rps,
+        "cpu": cpu,
+    }
 
 
 def main() -> None:
@@ -155,34 +240,51 @@ def main() -> None:
             harness.plan([harness.model("bench", [harness.profile([engine.url], "bench")], max_output=4096)]),
         )
         env = {} if args.access_log else {"LLMGW_ACCESS_LOG": "off"}
-        with harness.gateway(plan_path, workers=args.workers, **env) as gw:
-            # Rounds alternate direct and gateway, and the median of each figure is kept:
-            # on a shared 2-core machine any one run can land beside someone's test suite.
-            rounds = [
-                (run(measure(engine.url, args)), run(measure(gw.url, args))) for _ in range(args.rounds)
-            ]
-    direct = {k: statistics.median(r[0][k] for r in rounds) for k in rounds[0][0]}
-    through = {k: statistics.median(r[1][k] for r in rounds) for k in rounds[0][1]}
+        with (
+            nginx(engine.url, args.workers) as nginx_url,
+            harness.gateway(plan_path, workers=args.workers, **env) as gw,
+        ):
+            workers = gw.worker_pids()
+            # Rounds alternate direct, nginx and gateway, and the median of each figure is
+            # kept: on a shared 2-core machine any one run can land beside other work.
+            rounds = []
+            for _ in range(args.rounds):
+                one = {"direct": run(measure(engine.url, args, set()))}
+                if nginx_url is not None:
+                    one["nginx"] = run(measure(nginx_url, args, set()))
+                one["gateway"] = run(measure(gw.url, args, workers))
+                rounds.append(one)
+    figures = {
+        name: {k: statistics.median(r[name][k] for r in rounds) for k in rounds[0][name]}
+        for name in rounds[0]
+    }
+    direct = figures["direct"]
 
     def ms(seconds: float) -> str:
         return f"{seconds * 1000:.3f} ms"
 
-    print(f"{'':24}{'direct':>12}{'gateway':>12}{'added':>12}")
+    names = list(figures)
+    print(f"{'':24}" + "".join(f"{n:>12}" for n in names))
     for key in ("p50", "p99", "mean"):
+        print(f"latency {key:<16}" + "".join(f"{ms(figures[n][key]):>12}" for n in names))
+    for key in ("p50", "p99"):
         print(
-            f"latency {key:<16}{ms(direct[key]):>12}{ms(through[key]):>12}"
-            f"{ms(through[key] - direct[key]):>12}"
+            f"added latency {key:<10}{'':>12}"
+            + "".join(f"{ms(figures[n][key] - direct[key]):>12}" for n in names[1:])
         )
-    print(
-        f"throughput ({args.connections} conn){direct['rps']:>9.0f}/s{through['rps']:>10.0f}/s"
-        f"{through['rps'] / direct['rps']:>11.2f}x"
-    )
+    print(f"throughput ({args.connections} conn)" + "".join(f"{figures[n]['rps']:>10.0f}/s" for n in names))
+    if "nginx" in figures:
+        share = figures["gateway"]["rps"] / figures["nginx"]["rps"]
+        print(f"gateway throughput / nginx's: {share:.2f}")
+    else:
+        print("nginx not installed: no reference (apt-get install nginx-light)")
+    print(f"gateway CPU per request: {figures['gateway']['cpu'] * 1e6:.0f} us (its workers, from /proc)")
     print(
         f"gateway: {args.workers} worker(s), access log "
         f"{'on' if args.access_log else 'off'}; medians of {args.rounds} rounds; "
         f"machine: {os.cpu_count()} cores"
     )
-    print(f"rounds (gateway rps): {[round(r[1]['rps']) for r in rounds]}")
+    print(f"rounds (gateway rps): {[round(r['gateway']['rps']) for r in rounds]}")
 
 
 if __name__ == "__main__":

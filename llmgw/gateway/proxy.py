@@ -43,7 +43,7 @@ from llmgw.gateway.limits import Limiter
 from llmgw.gateway.outlier import Outliers, RetryBudget
 from llmgw.gateway.rename import EventRename, JsonRename
 from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, prefix_key
-from llmgw.gateway.upstream import Upstream
+from llmgw.gateway.upstream import Reply, Upstream
 from llmgw.gateway.usage import Meter, prompt_estimate
 
 log = logging.getLogger("llmgw.gateway")
@@ -207,7 +207,7 @@ class Proxy:
         watch: Disconnect,
         key: Callable[[], int | None],
     ) -> Answer:
-        headers = [("content-type", "application/json"), ("x-request-id", ctx.request_id)]
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", ctx.request_id.encode())]
         rewritten: dict[str, bytes] = {}
         tried = 0
         last = ""
@@ -241,14 +241,7 @@ class Proxy:
                 else:
                     content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
                     rewritten[served] = content
-                outgoing = httpx.Request(
-                    "POST",
-                    replica.urls[self.kind],
-                    headers=headers,
-                    content=content,
-                    extensions={"timeout": dict(self.timeouts)},
-                )
-                answer = await self._ask(model, replica, outgoing, watch)
+                answer = await self._ask(model, replica, Outgoing(self.kind, headers, content), watch)
                 if isinstance(answer, str):  # not taken: why
                     last = answer
                     continue
@@ -298,7 +291,7 @@ class Proxy:
         )
 
     async def _ask(
-        self, model: Model, replica: Replica, outgoing: httpx.Request, watch: Disconnect
+        self, model: Model, replica: Replica, outgoing: Outgoing, watch: Disconnect
     ) -> Answer | str:
         """One replica's answer (counted in flight until it is done with), or why the
         replica did not take the request; ApiError when no other replica may be tried."""
@@ -369,14 +362,16 @@ class Proxy:
         self.health.failed(faulted.replica, why)
         self.outliers.failed(model, faulted.replica, why)
 
-    async def _attempt(self, outgoing: httpx.Request, replica: Replica, watch: Disconnect) -> Answer:
+    async def _attempt(self, outgoing: Outgoing, replica: Replica, watch: Disconnect) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
         here, within one first-byte allowance for the headers and that byte together."""
-        upstream: httpx.Response | None = None
+        upstream: Reply | httpx.Response | None = None
         watch.waiting = True
         try:
             async with asyncio.timeout(self.first_byte_timeout):
-                upstream = await self.upstream.send(outgoing)
+                upstream = await self.upstream.post(
+                    replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
+                )
                 chunks = upstream.aiter_raw()
                 if upstream.status_code in _REPLICA_TROUBLE:
                     return Answer(upstream, replica, chunks, b"")  # not read: it is retried
@@ -396,6 +391,17 @@ class Proxy:
         finally:
             watch.waiting = False
         return Answer(upstream, replica, chunks, first)
+
+
+class Outgoing:
+    """What goes to whichever replica is asked: the endpoint's kind, headers and body."""
+
+    __slots__ = ("kind", "headers", "body")
+
+    def __init__(self, kind: str, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.kind = kind
+        self.headers = headers
+        self.body = body
 
 
 async def _read_error(chunks: AsyncIterator[bytes]) -> bytes:
@@ -424,7 +430,7 @@ class Answer:
     __slots__ = ("upstream", "replica", "chunks", "first")
 
     def __init__(
-        self, upstream: httpx.Response, replica: Replica, chunks: AsyncIterator[bytes], first: bytes
+        self, upstream: Reply | httpx.Response, replica: Replica, chunks: AsyncIterator[bytes], first: bytes
     ) -> None:
         self.upstream = upstream
         self.replica = replica

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, overload
 
 import httptools
 import httpx
@@ -179,23 +179,110 @@ class _Body(httpx.AsyncByteStream):
             conn.close()
 
 
+def _head(
+    method: bytes, raw_path: bytes, headers: list[tuple[bytes, bytes]], key: tuple[str, int], body: bytes
+) -> bytes:
+    lines = [b"%s %s HTTP/1.1\r\n" % (method, raw_path)]
+    has_host = False
+    for name, value in headers:
+        lname = name.lower()
+        if lname == b"host":
+            has_host = True
+        elif lname in (b"content-length", b"transfer-encoding", b"connection"):
+            continue
+        lines.append(b"%s: %s\r\n" % (name, value))
+    if not has_host:
+        lines.append(b"host: %s:%d\r\n" % (key[0].encode(), key[1]))
+    if body or method in (b"POST", b"PUT", b"PATCH"):
+        lines.append(b"content-length: %d\r\n" % len(body))
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+class Reply:
+    """An engine's answer as the proxy reads it: status, headers, and the body's chunks.
+
+    What httpx.Response offers that the proxy uses, and no more: building a Response (and
+    its Request, URL and Headers) cost more CPU than the bytes it carried.
+    """
+
+    __slots__ = ("status_code", "headers", "body")
+
+    def __init__(self, status_code: int, headers: RawHeaders, body: _Body) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.body = body
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self.body.__aiter__()
+
+    async def aclose(self) -> None:
+        await self.body.aclose()
+
+
+class RawHeaders:
+    """Response headers as they came, looked up without regard to case."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self.raw = raw
+
+    @overload
+    def get(self, name: str) -> str | None: ...
+    @overload
+    def get(self, name: str, default: str) -> str: ...
+    def get(self, name: str, default: str | None = None) -> str | None:
+        wanted = name.encode("ascii")
+        for key, value in self.raw:
+            if key.lower() == wanted:
+                return value.decode("latin-1")
+        return default
+
+
 class FastTransport(httpx.AsyncBaseTransport):
     def __init__(self, max_idle_per_host: int = 256) -> None:
         self.max_idle = max_idle_per_host
         self.idle: dict[tuple[str, int], deque[_Connection]] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """httpx's interface, for the health checks' client."""
         url = request.url
         if url.scheme != "http":
             raise httpx.UnsupportedProtocol(
                 f"{url} is not plain http; the client mounts httpx's own transport for https."
             )
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
+        reply = await self.request(
+            request.method.encode(),
+            url,
+            request.headers.raw,
+            request.content,  # the gateway always sends bytes it holds in memory
+            timeouts.get("connect"),
+            timeouts.get("read"),
+        )
+        return httpx.Response(
+            reply.status_code,
+            headers=reply.headers.raw,
+            stream=reply.body,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    async def request(
+        self,
+        method: bytes,
+        url: httpx.URL,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        connect_timeout: float | None,
+        read_timeout: float | None,
+    ) -> Reply:
+        """Send one request; the answer once its headers are here."""
         key = (url.host, url.port or 80)
-        read_timeout = timeouts.get("read")
-        conn, reused = await self._acquire(key, timeouts.get("connect"))
+        head = _head(method, url.raw_path, headers, key, body)
+        conn, reused = await self._acquire(key, connect_timeout)
         try:
-            await self._exchange(conn, request, key, read_timeout)
+            await self._exchange(conn, head, body, read_timeout)
         except httpx.RemoteProtocolError:
             conn.close()
             if not reused or conn.status or conn.headers:
@@ -204,46 +291,23 @@ class FastTransport(httpx.AsyncBaseTransport):
             # written on it (llama.cpp and vLLM both time idle connections out). Nothing
             # was answered, so nothing was done: send it once more on a new connection,
             # rather than count a healthy replica as failing.
-            conn, _ = await self._acquire(key, timeouts.get("connect"), fresh=True)
+            conn, _ = await self._acquire(key, connect_timeout, fresh=True)
             try:
-                await self._exchange(conn, request, key, read_timeout)
+                await self._exchange(conn, head, body, read_timeout)
             except BaseException:
                 conn.close()
                 raise
         except BaseException:
             conn.close()
             raise
-        return httpx.Response(
-            conn.status,
-            headers=conn.headers,
-            stream=_Body(self, conn, read_timeout),
-            extensions={"http_version": b"HTTP/1.1"},
-        )
-
-    def _send(self, conn: _Connection, request: httpx.Request, key: tuple[str, int]) -> None:
-        body = request.content  # the gateway always sends bytes it holds in memory
-        lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), request.url.raw_path)]
-        has_host = False
-        for name, value in request.headers.raw:
-            lname = name.lower()
-            if lname == b"host":
-                has_host = True
-            elif lname in (b"content-length", b"transfer-encoding", b"connection"):
-                continue
-            lines.append(b"%s: %s\r\n" % (name, value))
-        if not has_host:
-            lines.append(b"host: %s:%d\r\n" % (key[0].encode(), key[1]))
-        if body or request.method in ("POST", "PUT", "PATCH"):
-            lines.append(b"content-length: %d\r\n" % len(body))
-        lines.append(b"\r\n")
-        assert conn.transport is not None
-        conn.transport.write(b"".join(lines) + body)
+        return Reply(conn.status, RawHeaders(conn.headers), _Body(self, conn, read_timeout))
 
     async def _exchange(
-        self, conn: _Connection, request: httpx.Request, key: tuple[str, int], read_timeout: float | None
+        self, conn: _Connection, head: bytes, body: bytes, read_timeout: float | None
     ) -> None:
         """Write the request and wait for the response's headers."""
-        self._send(conn, request, key)
+        assert conn.transport is not None
+        conn.transport.write(head + body)
         while not conn.headers_done:
             if conn.error is not None:
                 raise conn.error
@@ -283,8 +347,8 @@ class FastTransport(httpx.AsyncBaseTransport):
 
 
 class Upstream:
-    """Sends the proxy's requests straight to a transport: the fast one for plain http
-    (engines on the LAN), httpx's own for https (an external endpoint)."""
+    """Sends the proxy's requests: over the fast transport for plain http (engines on the
+    LAN), through httpx's own transport for https (an external endpoint)."""
 
     __slots__ = ("plain", "secure")
 
@@ -292,12 +356,14 @@ class Upstream:
         self.plain = plain
         self.secure = secure
 
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        transport = self.plain if request.url.scheme == "http" else self.secure
-        response = await transport.handle_async_request(request)
+    async def post(
+        self, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes, timeouts: dict[str, Any]
+    ) -> Reply | httpx.Response:
+        if url.scheme == "http":
+            return await self.plain.request(
+                b"POST", url, headers, body, timeouts.get("connect"), timeouts.get("read")
+            )
+        request = httpx.Request("POST", url, headers=headers, content=body, extensions={"timeout": timeouts})
+        response = await self.secure.handle_async_request(request)
         response.request = request
         return response
-
-    async def aclose(self) -> None:
-        await self.plain.aclose()
-        await self.secure.aclose()
