@@ -72,20 +72,59 @@ _REPLICA_TROUBLE = frozenset({502, 503, 504})
 _ERROR_LIMIT = 1 << 20
 
 
+class ClientGone:
+    """Put in each request's scope by the server's protocol (gateway/worker.py), which
+    calls `notify` when the client's connection is lost before the answer is complete.
+
+    Told by the protocol, rather than by a task per request waiting on ASGI's `receive`
+    for `http.disconnect`: that task cost more than anything else the proxy does for a
+    short answer, and nearly every client stays to the end.
+    """
+
+    __slots__ = ("gone", "listeners")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.listeners: list[Callable[[], None]] = []
+
+    def notify(self) -> None:
+        self.gone = True
+        for listener in self.listeners:
+            listener()
+        self.listeners.clear()
+
+
+GONE = "llmgw.gone"
+
+
 class Disconnect:
     """Cancels the request's task if the client leaves while it waits on the upstream."""
 
-    __slots__ = ("task", "waiting", "gone", "watcher")
+    __slots__ = ("task", "waiting", "gone", "watcher", "signal")
 
-    def __init__(self, receive: Receive | None) -> None:
+    def __init__(self, scope: dict[str, Any]) -> None:
         self.task = asyncio.current_task()
         self.waiting = False
         self.gone = False
-        self.watcher = asyncio.get_running_loop().create_task(self._watch(receive)) if receive else None
+        self.watcher: asyncio.Task[None] | None = None
+        self.signal: ClientGone | None = scope.get(GONE)
+        if self.signal is not None:
+            if self.signal.gone:
+                self.gone = True
+            else:
+                self.signal.listeners.append(self._left)
+            return
+        # Served by some other server than the gateway's worker: watch `receive` instead.
+        receive: Receive | None = scope.get("llmgw.receive")
+        if receive is not None:
+            self.watcher = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._left()
+
+    def _left(self) -> None:
         self.gone = True
         # Only while our own code awaits the upstream: cancelling the task anywhere else
         # (inside falcon's send, say) would surface as an error in the server's log.
@@ -102,6 +141,8 @@ class Disconnect:
     def stop(self) -> None:
         if self.watcher is not None:
             self.watcher.cancel()
+        if self.signal is not None:
+            self.signal.listeners.clear()
 
 
 class Proxy:
@@ -163,7 +204,7 @@ class Proxy:
         meter = Meter()
         if request.get("stream") is True and self.kind != "embedding":
             request, body, meter = _ask_for_usage(request, body)
-        watch = Disconnect(req.scope.get("llmgw.receive"))
+        watch = Disconnect(req.scope)
         try:
             key = functools.partial(prefix_key, self.kind, request)
             answer = await self._open(model, requested, request, body, ctx, watch, key)

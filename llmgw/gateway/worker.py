@@ -27,7 +27,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
 from llmgw.gateway.config import Settings, settings_from_env
-from llmgw.gateway.proxy import STALLED
+from llmgw.gateway.proxy import GONE, STALLED, ClientGone
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -58,7 +58,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         if self._write_timer is not None:
             self._write_timer.cancel()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and not cycle.response_complete:
+            gone = cycle.scope.get(GONE)
+            if isinstance(gone, ClientGone):
+                gone.notify()
 
     # Flow control. The server waits for room in the socket before each write, without
     # limit: three clients that asked for a stream and never read it held their engine
@@ -102,6 +107,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._arm(self.body_timeout, self._body_expired)
         super().on_headers_complete()
+        if self.cycle is not None:
+            # Before the app runs: uvicorn only starts its task here, and runs it later.
+            self.cycle.scope[GONE] = ClientGone()  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
         self._arm(self.body_timeout, self._body_expired)

@@ -84,6 +84,7 @@ def test_a_429_is_in_openais_shape_with_retry_after_and_ratelimit_headers(served
 
 
 def test_the_openai_client_reads_the_429(served: Gateway) -> None:
+    wait_until(lambda: post(served, BURST).status_code == 429, 10, "the burst key to be over its limit")
     client = openai.OpenAI(base_url=served.url + "/v1", api_key=BURST, max_retries=0)
     with pytest.raises(openai.RateLimitError) as caught:
         client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
