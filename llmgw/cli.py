@@ -119,8 +119,9 @@ def lint_command(
         keys_path = Path("keys.yaml")
     if keys_path is not None:
         if not keys_path.is_file():
-            raise UsageError(f"--keys {keys_path} does not exist; give the keys.yaml to check, "
-                             "or leave --keys out.")
+            raise UsageError(
+                f"--keys {keys_path} does not exist; give the keys.yaml to check, or leave --keys out."
+            )
         result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries)])
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
@@ -170,8 +171,13 @@ def _lint_exit_code(result: LintResult, strict: bool) -> int:
     "NAME.NAMESPACE.svc.DOMAIN in [cluster.local].",
 )
 def plan_command(
-    catalog: Path, fleet_path: Path, out_path: str, previous_path: Path | None, target: str,
-    namespace: str | None, cluster_domain: str | None,
+    catalog: Path,
+    fleet_path: Path,
+    out_path: str,
+    previous_path: Path | None,
+    target: str,
+    namespace: str | None,
+    cluster_domain: str | None,
 ) -> None:
     """Lint, then write the resolved plan (nothing is written when lint finds errors)."""
     kubernetes = _kubernetes_target(target, namespace, cluster_domain)
@@ -205,10 +211,12 @@ def _kubernetes_target(target: str, namespace: str | None, domain: str | None) -
     if not _DNS_LABEL.fullmatch(namespace):
         raise click.BadParameter(
             f"--namespace {namespace!r} is not a Kubernetes namespace name: lowercase letters, digits "
-            "and '-', at most 63 (for example llmgw).")
+            "and '-', at most 63 (for example llmgw)."
+        )
     if not _DNS_NAME.fullmatch(domain):
         raise click.BadParameter(
-            f"--cluster-domain {domain!r} is not a DNS domain (for example cluster.local).")
+            f"--cluster-domain {domain!r} is not a DNS domain (for example cluster.local)."
+        )
     return KubernetesTarget(namespace=namespace, cluster_domain=domain)
 
 
@@ -362,15 +370,20 @@ def pr_comment_command(body_file: str, number: int | None, marker: str | None) -
 @click.option("--address", default=None, help="Address the gateway reaches this node on.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Repeatable.")
 @click.option("--ports", default=None, metavar="FIRST-LAST", help="Ports replicas may use here.")
+@click.option("--format", "fmt", type=click.Choice(["json", "yaml"]), default="yaml", show_default=True)
 @click.option(
-    "--format", "fmt", type=click.Choice(["json", "yaml"]), default="yaml", show_default=True
-)
-@click.option(
-    "--kubernetes", "kubectl_json", default=None, metavar="FILE",
+    "--kubernetes",
+    "kubectl_json",
+    default=None,
+    metavar="FILE",
     help="Write a whole fleet from `kubectl get nodes -o json` saved in FILE (- for standard input).",
 )
 def inventory_command(
-    name: str | None, address: str | None, labels: tuple[str, ...], ports: str | None, fmt: str,
+    name: str | None,
+    address: str | None,
+    labels: tuple[str, ...],
+    ports: str | None,
+    fmt: str,
     kubectl_json: str | None,
 ) -> None:
     """Print this machine's fleet entry from what it reports: memory, GPUs, engines on PATH.
@@ -564,8 +577,17 @@ def node_status_command(agent_url: str) -> None:
     click.echo(f"node {doc['node']}, plan {doc['plan_digest']}")
     rows = [("MODEL", "PROFILE", "ENDPOINT", "STATE", "PID", "RESTARTS", "MESSAGE")]
     for r in doc["replicas"]:
-        rows.append((r["model"], r["profile"], r["endpoint"], r["state"], str(r["pid"] or "-"),
-                     str(r["restarts"]), r["message"] or ""))
+        rows.append(
+            (
+                r["model"],
+                r["profile"],
+                r["endpoint"],
+                r["state"],
+                str(r["pid"] or "-"),
+                str(r["restarts"]),
+                r["message"] or "",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
@@ -576,7 +598,10 @@ def node_status_command(agent_url: str) -> None:
 @click.option("--bind", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT", help="The gateway.")
 @click.option("--status-bind", default="127.0.0.1:9100", show_default=True, metavar="HOST:PORT")
 @click.option(
-    "--state-dir", type=click.Path(path_type=Path), default=Path(".llmgw-up"), show_default=True,
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path(".llmgw-up"),
+    show_default=True,
     help="The plan, fleet, engine logs and records.",
 )
 def up_command(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> None:
@@ -597,20 +622,44 @@ def render_group() -> None:
 
 @render_group.command("kubernetes")
 @click.argument("plan_path", metavar="[PLAN]", type=click.Path(path_type=Path), default=Path("plan.json"))
-@click.option("--out", "out_dir", required=True, metavar="DIR|-",
-              help="Folder for the manifests and kustomization.yaml; - for one stream on standard output.")
-@click.option("--image", "images", multiple=True, metavar="ENGINE=IMAGE",
-              help="An engine's container image (llamacpp, llamacpp-gpu, vllm). Repeatable.")
-@click.option("--executable", "executables", multiple=True, metavar="ENGINE=PATH",
-              help="Where the engine's program is in its image (llamacpp, vllm). Repeatable.")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    metavar="DIR|-",
+    help="Folder for the manifests and kustomization.yaml; - for one stream on standard output.",
+)
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    metavar="ENGINE=IMAGE",
+    help="An engine's container image (llamacpp, llamacpp-gpu, vllm). Repeatable.",
+)
+@click.option(
+    "--executable",
+    "executables",
+    multiple=True,
+    metavar="ENGINE=PATH",
+    help="Where the engine's program is in its image (llamacpp, vllm). Repeatable.",
+)
 @click.option("--gateway-image", default=None, help="The image built from the Containerfile [llmgw:VERSION].")
 @click.option("--gateway-replicas", type=int, default=2, show_default=True)
-@click.option("--weights-volume", default="emptyDir", show_default=True,
-              metavar="emptyDir|pvc:CLAIM|hostPath:/PATH",
-              help="Where the init container downloads each model's weights.")
+@click.option(
+    "--weights-volume",
+    default="emptyDir",
+    show_default=True,
+    metavar="emptyDir|pvc:CLAIM|hostPath:/PATH",
+    help="Where the init container downloads each model's weights.",
+)
 def render_kubernetes_command(
-    plan_path: Path, out_dir: str, images: tuple[str, ...], executables: tuple[str, ...],
-    gateway_image: str | None, gateway_replicas: int, weights_volume: str,
+    plan_path: Path,
+    out_dir: str,
+    images: tuple[str, ...],
+    executables: tuple[str, ...],
+    gateway_image: str | None,
+    gateway_replicas: int,
+    weights_volume: str,
 ) -> None:
     """Render a plan written with `llmgw plan --target kubernetes` as Kubernetes manifests:
     per (model, profile) a Deployment, a headless Service and a PodDisruptionBudget, and the
@@ -654,14 +703,21 @@ def _write_manifests(folder: Path, files: dict[str, str]) -> None:
         for name, text in files.items():
             _write_atomically(folder / name, text)
     except OSError as exc:
-        raise UsageError(f"cannot write the manifests to {folder}: {exc.strerror or exc}; "
-                         "give --out a folder you may write to, or - for standard output.") from None
+        raise UsageError(
+            f"cannot write the manifests to {folder}: {exc.strerror or exc}; "
+            "give --out a folder you may write to, or - for standard output."
+        ) from None
 
 
 @main.command("fetch")
 @click.argument("source")
-@click.option("--into", "directory", required=True, type=click.Path(path_type=Path),
-              help="Folder the weights are left in, as `llmgw render` told the engine.")
+@click.option(
+    "--into",
+    "directory",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Folder the weights are left in, as `llmgw render` told the engine.",
+)
 @click.option("--bytes", "expected", type=int, default=None, help="The plan's weights_bytes, checked.")
 def fetch_command(source: str, directory: Path, expected: int | None) -> None:
     """Download a model's weights for an engine in a container (the init container's job)."""

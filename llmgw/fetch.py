@@ -60,7 +60,7 @@ def open_source(text: str, base_dir: Path | None = None) -> Iterator[Opened]:
 
 
 def hub_url(text: str) -> str:
-    parts = [p for p in text[len("hf://"):].split("/") if p]
+    parts = [p for p in text[len("hf://") :].split("/") if p]
     if len(parts) < 3:
         raise InspectError(
             f"{text} names a repository, not a file: inspect reads one GGUF file. Add the file's "
@@ -175,10 +175,10 @@ class _Ranges:
 def _refusal(status: int, where: str) -> str:
     if status in (401, 403):
         hub = where.startswith("hf://")
-        return (
-            f"{where} was refused ({status}): the repository is private or gated. "
-            + ("Accept its terms on the hub, then set HF_TOKEN to a token that may read it."
-               if hub else "Give a URL that needs no login, or for a file on the hub set HF_TOKEN.")
+        return f"{where} was refused ({status}): the repository is private or gated. " + (
+            "Accept its terms on the hub, then set HF_TOKEN to a token that may read it."
+            if hub
+            else "Give a URL that needs no login, or for a file on the hub set HF_TOKEN."
         )
     if status == 404:
         name = where.rstrip("/").rsplit("/", 1)[-1]

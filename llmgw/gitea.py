@@ -149,17 +149,13 @@ def post_comment(
             if str(c.get("body", "")).startswith(marker) and _author(c) == me
         ]
         if not ours:
-            created = _call(
-                client, "POST", f"{pr.api}/issues/{pr.number}/comments", pr, {"body": text}
-            )
+            created = _call(client, "POST", f"{pr.api}/issues/{pr.number}/comments", pr, {"body": text})
             return Posted("created", int(created["id"]), created.get("html_url"))
         # The oldest is kept and updated, so the comment stays where the conversation began.
         existing = min(ours, key=lambda c: int(c["id"]))
         if existing.get("body") == text:
             return Posted("unchanged", int(existing["id"]), existing.get("html_url"))
-        updated = _call(
-            client, "PATCH", f"{pr.api}/issues/comments/{existing['id']}", pr, {"body": text}
-        )
+        updated = _call(client, "PATCH", f"{pr.api}/issues/comments/{existing['id']}", pr, {"body": text})
         return Posted("updated", int(updated["id"]), updated.get("html_url"))
 
 

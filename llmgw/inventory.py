@@ -72,9 +72,7 @@ def take_inventory(
     entry["labels"] = dict(sorted((labels or {}).items()))
     # Always written, even empty: this agent looked, so an empty list means none found,
     # where a missing key would mean an older agent that does not say.
-    entry["engines"] = sorted(
-        engine for exe, engine in ENGINE_EXECUTABLES.items() if which(exe) is not None
-    )
+    entry["engines"] = sorted(engine for exe, engine in ENGINE_EXECUTABLES.items() if which(exe) is not None)
     if not entry["engines"]:
         notes.append(
             f"no engine found on PATH (looked for {', '.join(sorted(ENGINE_EXECUTABLES))}); "
@@ -157,9 +155,7 @@ def _check(entry: dict[str, Any]) -> None:
     )
     if errors:
         at = "/".join(str(p) for p in errors[0].absolute_path) or "the entry"
-        raise UsageError(
-            f"the inventory would not be a valid fleet node ({at}: {errors[0].message})."
-        )
+        raise UsageError(f"the inventory would not be a valid fleet node ({at}: {errors[0].message}).")
 
 
 def parse_labels(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -175,9 +171,7 @@ def parse_labels(pairs: tuple[str, ...]) -> dict[str, str]:
 def parse_ports(text: str) -> tuple[int, int]:
     match = re.fullmatch(r"(\d+)-(\d+)", text.strip())
     if not match or not (1 <= int(match.group(1)) <= int(match.group(2)) <= 65535):
-        raise UsageError(
-            f"--ports {text!r} is not FIRST-LAST within 1-65535 (for example 8001-8099)."
-        )
+        raise UsageError(f"--ports {text!r} is not FIRST-LAST within 1-65535 (for example 8001-8099).")
     return int(match.group(1)), int(match.group(2))
 
 
@@ -210,8 +204,21 @@ KUBECTL_HEADER = (
 )
 _QUANTITY = re.compile(r"([0-9.]+(?:[eE][-+]?[0-9]+)?)([KMGTPE]i?|k|m)?")
 _FACTORS = {
-    None: 1, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    None: 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
 }
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per card, from NVIDIA's GPU feature discovery
@@ -298,7 +305,8 @@ def fleet_yaml(fleet: dict[str, Any]) -> str:
     yaml.width = 4096
     yaml.indent(mapping=2, sequence=4, offset=2)
     out = StringIO()
-    nodes = [{**e, "labels": {_quoted(k): _quoted(v) for k, v in e["labels"].items()}}
-             for e in fleet["nodes"]]
+    nodes = [
+        {**e, "labels": {_quoted(k): _quoted(v) for k, v in e["labels"].items()}} for e in fleet["nodes"]
+    ]
     yaml.dump({"nodes": nodes}, out)
     return KUBECTL_HEADER + out.getvalue()

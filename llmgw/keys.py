@@ -50,31 +50,51 @@ def lint_keys(path: Path, entries: Sequence[Entry], today: dt.date | None = None
     for i, key in enumerate(data.get("keys", [])):
         name, digest = key.get("name"), str(key.get("sha256", "")).lower()
         if name in first_name:
-            findings.append(doc.finding(
-                "error", "keys-duplicate", ("keys", i, "name"),
-                f"the name '{name}' is also key #{first_name[name] + 1}'s; metrics and logs "
-                "could not tell the two apart. Give each key its own name."))
+            findings.append(
+                doc.finding(
+                    "error",
+                    "keys-duplicate",
+                    ("keys", i, "name"),
+                    f"the name '{name}' is also key #{first_name[name] + 1}'s; metrics and logs "
+                    "could not tell the two apart. Give each key its own name.",
+                )
+            )
         else:
             first_name[name] = i
         if digest and digest in first_hash:
-            findings.append(doc.finding(
-                "error", "keys-duplicate", ("keys", i, "sha256"),
-                f"this hash is also key #{first_hash[digest] + 1}'s, so one key would count as "
-                "both; remove one entry, or make a new key with `llmgw keys add`."))
+            findings.append(
+                doc.finding(
+                    "error",
+                    "keys-duplicate",
+                    ("keys", i, "sha256"),
+                    f"this hash is also key #{first_hash[digest] + 1}'s, so one key would count as "
+                    "both; remove one entry, or make a new key with `llmgw keys add`.",
+                )
+            )
         elif digest:
             first_hash[digest] = i
         for j, pattern in enumerate(key.get("models") or []):
             if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
-                findings.append(doc.finding(
-                    "error", "keys-no-model", ("keys", i, "models", j),
-                    f"'{pattern}' matches no model name or alias in the catalogue, so it grants "
-                    "nothing; fix the spelling, or remove it."))
+                findings.append(
+                    doc.finding(
+                        "error",
+                        "keys-no-model",
+                        ("keys", i, "models", j),
+                        f"'{pattern}' matches no model name or alias in the catalogue, so it grants "
+                        "nothing; fix the spelling, or remove it.",
+                    )
+                )
         expires = key.get("expires")
         if expires and dt.date.fromisoformat(expires) < (today or dt.date.today()):
-            findings.append(doc.finding(
-                "warning", "keys-expired", ("keys", i, "expires"),
-                f"the key '{name}' expired on {expires} and is refused (401); remove the entry, "
-                "or move the date if the key should still work."))
+            findings.append(
+                doc.finding(
+                    "warning",
+                    "keys-expired",
+                    ("keys", i, "expires"),
+                    f"the key '{name}' expired on {expires} and is refused (401); remove the entry, "
+                    "or move the date if the key should still work.",
+                )
+            )
     return findings
 
 
@@ -104,8 +124,9 @@ def add_key(
     try:
         doc = yaml.load(text)
     except YAMLError as exc:
-        raise UsageError(f"{path} is not valid YAML ({exc}); fix it (`llmgw lint` shows where) "
-                         "before adding a key.") from None
+        raise UsageError(
+            f"{path} is not valid YAML ({exc}); fix it (`llmgw lint` shows where) before adding a key."
+        ) from None
     if doc is None:
         doc = CommentedMap()
     keys = doc.get("keys") if isinstance(doc, dict) else None
@@ -114,8 +135,10 @@ def add_key(
     if not isinstance(keys, list):
         raise UsageError(f"{path} has no `keys:` list; fix the file before adding a key.")
     if any(isinstance(k, dict) and k.get("name") == name for k in keys):
-        raise UsageError(f"{path} already has a key named '{name}'; pick another name, or remove "
-                         "that entry first to replace its key.")
+        raise UsageError(
+            f"{path} already has a key named '{name}'; pick another name, or remove "
+            "that entry first to replace its key."
+        )
     if isinstance(keys, CommentedSeq) and keys.fa.flow_style():
         keys.fa.set_block_style()  # `keys: []` grows into a block list, as people write it
     key = KEY_PREFIX + secrets.token_urlsafe(32)

@@ -54,9 +54,17 @@ def lint(catalog: Path, fleet_path: Path, previous: Plan | None = None) -> LintR
         if not path.resolve().is_relative_to(inside):
             # Findings quote what they read, and lint's output is posted on pull
             # requests: a link to /etc/shadow must not be read at all.
-            findings.append(Finding(display, 1, 1, "yaml", "error",
-                                    f"this is a symlink to a file outside {catalog.as_posix()}/, "
-                                    "which lint does not read; put the model file itself here."))
+            findings.append(
+                Finding(
+                    display,
+                    1,
+                    1,
+                    "yaml",
+                    "error",
+                    f"this is a symlink to a file outside {catalog.as_posix()}/, "
+                    "which lint does not read; put the model file itself here.",
+                )
+            )
             continue
         doc, problems = load_document(path, display)
         findings.extend(problems)
@@ -74,8 +82,9 @@ def lint(catalog: Path, fleet_path: Path, previous: Plan | None = None) -> LintR
     placement = place(entries, fleet, previous, changed)
     findings.extend(placement.findings)
     findings.sort()
-    return LintResult(catalog.as_posix(), fleet, fleet_doc, entries, documents, findings,
-                      placement, len(files))
+    return LintResult(
+        catalog.as_posix(), fleet, fleet_doc, entries, documents, findings, placement, len(files)
+    )
 
 
 def changed_since(previous: Plan | None, documents: list[Document]) -> frozenset[str] | None:
@@ -99,8 +108,10 @@ def catalogue_files(catalog: Path) -> list[Path]:
         )
     # Sorted, so findings and the plan do not depend on the order files sit on disk.
     return sorted(
-        p for p in catalog.rglob("*")
-        if p.suffix in MODEL_SUFFIXES and p.is_file()
+        p
+        for p in catalog.rglob("*")
+        if p.suffix in MODEL_SUFFIXES
+        and p.is_file()
         and not any(part.startswith(".") for part in p.relative_to(catalog).parts)
     )
 
@@ -109,8 +120,10 @@ def read_fleet(path: Path) -> tuple[Fleet, Document]:
     """The fleet must be right before anything can be checked against it: mistakes exit 2."""
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
-        message = (f"fleet inventory {path} {what}; write one (see `llmgw inventory` on each "
-                   "node) or pass --fleet PATH.")
+        message = (
+            f"fleet inventory {path} {what}; write one (see `llmgw inventory` on each "
+            "node) or pass --fleet PATH."
+        )
         raise FleetError(message, [Finding(path.as_posix(), 1, 1, "fleet", "error", message)])
     doc, problems = load_document(path, path.as_posix())
     if doc is not None and not problems:
@@ -131,21 +144,36 @@ def _fleet_consistency(fleet: Fleet, doc: Document) -> list[Finding]:
         for j, other in enumerate(fleet.nodes[:i]):
             if other.address == node.address and _ranges_overlap(other, node):
                 # Two replicas would get one host:port, and the gateway would route both to one.
-                problems.append(doc.finding(
-                    "error", "schema", ("nodes", i, "address"),
-                    f"node '{node.name}' has the address {node.address} of node '{other.name}' "
-                    f"(node {j + 1}) with overlapping ports; give each node its own address, "
-                    "or disjoint port ranges."))
+                problems.append(
+                    doc.finding(
+                        "error",
+                        "schema",
+                        ("nodes", i, "address"),
+                        f"node '{node.name}' has the address {node.address} of node '{other.name}' "
+                        f"(node {j + 1}) with overlapping ports; give each node its own address, "
+                        "or disjoint port ranges.",
+                    )
+                )
         if node.name in seen:
-            problems.append(doc.finding(
-                "error", "schema", ("nodes", i, "name"),
-                f"node name '{node.name}' is used twice (also node {seen[node.name] + 1}); "
-                "give each node its own name."))
+            problems.append(
+                doc.finding(
+                    "error",
+                    "schema",
+                    ("nodes", i, "name"),
+                    f"node name '{node.name}' is used twice (also node {seen[node.name] + 1}); "
+                    "give each node its own name.",
+                )
+            )
         seen.setdefault(node.name, i)
         if node.ports.first > node.ports.last:
-            problems.append(doc.finding(
-                "error", "schema", ("nodes", i, "ports"),
-                f"ports.first {node.ports.first} is after ports.last {node.ports.last}; swap them."))
+            problems.append(
+                doc.finding(
+                    "error",
+                    "schema",
+                    ("nodes", i, "ports"),
+                    f"ports.first {node.ports.first} is after ports.last {node.ports.last}; swap them.",
+                )
+            )
     return problems
 
 
@@ -155,4 +183,4 @@ def _ranges_overlap(a: Node, b: Node) -> bool:
 
 def _fleet_problems(path: Path, problems: list[Finding]) -> str:
     lines = [f"{f.file}:{f.line}:{f.column}: {f.severity}[{f.rule}] {f.message}" for f in problems]
-    return (f"cannot use the fleet inventory {path}; fix it first:\n  " + "\n  ".join(lines))
+    return f"cannot use the fleet inventory {path}; fix it first:\n  " + "\n  ".join(lines)

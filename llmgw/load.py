@@ -107,16 +107,23 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
         return None, [Finding(display, 1, 1, "yaml", "error", f"cannot read the file: {exc.strerror}.")]
     if len(raw) > MAX_FILE_BYTES:
         return None, [
-            Finding(display, 1, 1, "yaml", "error",
-                    f"the file is {len(raw):,} bytes; a model file is a page of YAML. "
-                    "Split it into one file per model.")
+            Finding(
+                display,
+                1,
+                1,
+                "yaml",
+                "error",
+                f"the file is {len(raw):,} bytes; a model file is a page of YAML. "
+                "Split it into one file per model.",
+            )
         ]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return None, [
-            Finding(display, 1, 1, "yaml", "error",
-                    f"the file is not UTF-8 (byte {exc.start}); save it as UTF-8.")
+            Finding(
+                display, 1, 1, "yaml", "error", f"the file is not UTF-8 (byte {exc.start}); save it as UTF-8."
+            )
         ]
     try:
         data = _fast_yaml().load(text)
@@ -129,15 +136,28 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
         # `!!bool x` (KeyError), `!!int ""` (IndexError).
         return None, [_unbuildable_value(display, text)]
     except RecursionError:
-        return None, [Finding(display, 1, 1, "yaml", "error",
-                              "the file nests lists or mappings too deeply to read; a model file "
-                              "is a page of plain keys and values.")]
+        return None, [
+            Finding(
+                display,
+                1,
+                1,
+                "yaml",
+                "error",
+                "the file nests lists or mappings too deeply to read; a model file "
+                "is a page of plain keys and values.",
+            )
+        ]
     doc = Document(display, text, data)
     if _shares_a_container(data):
         return doc, [
-            Finding(display, *_reused_anchor(text), "yaml", "error",
-                    "anchors and aliases (&name / *name) are not allowed in catalogue files, "
-                    "so a file cannot expand into something huge; write the value out in full.")
+            Finding(
+                display,
+                *_reused_anchor(text),
+                "yaml",
+                "error",
+                "anchors and aliases (&name / *name) are not allowed in catalogue files, "
+                "so a file cannot expand into something huge; write the value out in full.",
+            )
         ]
     return doc, []
 
@@ -150,8 +170,9 @@ def _yaml_finding(display: str, exc: MarkedYAMLError, text: str) -> Finding:
         key = problem.split('"')[1] if '"' in problem else "this key"
         first = _earlier_key_line(text, key, line, col)
         where = f" (first at line {first})" if first else ""
-        return Finding(display, line, col, "yaml", "error",
-                       f"the key '{key}' appears twice{where}; keep one of them.")
+        return Finding(
+            display, line, col, "yaml", "error", f"the key '{key}' appears twice{where}; keep one of them."
+        )
     if mark is not None and _char_at(text, mark.line, mark.column) == "\t":
         problem = "a tab character"
     opened = exc.context_mark
@@ -159,15 +180,27 @@ def _yaml_finding(display: str, exc: MarkedYAMLError, text: str) -> Finding:
     # An unclosed quote or bracket is found at the end of the file, or on a later line;
     # the fix goes where it was opened.
     if opened is not None and "quoted scalar" in context:
-        return Finding(display, opened.line + 1, opened.column + 1, "yaml", "error",
-                       "not valid YAML: this quote is never closed; end the value with the same "
-                       "quote mark it starts with.")
+        return Finding(
+            display,
+            opened.line + 1,
+            opened.column + 1,
+            "yaml",
+            "error",
+            "not valid YAML: this quote is never closed; end the value with the same "
+            "quote mark it starts with.",
+        )
     if opened is not None and "flow" in context and ("expected ','" in problem or "end of stream" in problem):
         bracket = _char_at(text, opened.line, opened.column) or "bracket"
         closing = {"[": "]", "{": "}"}.get(bracket, "its closing bracket")
-        return Finding(display, opened.line + 1, opened.column + 1, "yaml", "error",
-                       f"not valid YAML: this {bracket} is never closed, or an item in it lacks a "
-                       f"comma; close it with {closing}, or separate items with ', '.")
+        return Finding(
+            display,
+            opened.line + 1,
+            opened.column + 1,
+            "yaml",
+            "error",
+            f"not valid YAML: this {bracket} is never closed, or an item in it lacks a "
+            f"comma; close it with {closing}, or separate items with ', '.",
+        )
     return Finding(display, line, col, "yaml", "error", f"not valid YAML: {problem}; {_hint(problem)}")
 
 
@@ -196,13 +229,24 @@ def _unbuildable_value(display: str, text: str) -> Finding:
                     tag = str(node.tag).rsplit(":", 1)[-1]
                     kind = _KINDS.get(tag, f"a {tag}")
                     return Finding(
-                        display, node.start_mark.line + 1, node.start_mark.column + 1, "yaml", "error",
+                        display,
+                        node.start_mark.line + 1,
+                        node.start_mark.column + 1,
+                        "yaml",
+                        "error",
                         f"{node.value!r} reads as {kind} but is not a valid one ({exc}); quote it "
-                        f"if it is text, e.g. \"{node.value}\".")
+                        f'if it is text, e.g. "{node.value}".',
+                    )
     except (YAMLError, RecursionError):
         pass
-    return Finding(display, 1, 1, "yaml", "error",
-                   "a value in the file cannot be read; quote values that are meant as text.")
+    return Finding(
+        display,
+        1,
+        1,
+        "yaml",
+        "error",
+        "a value in the file cannot be read; quote values that are meant as text.",
+    )
 
 
 def _earlier_key_line(text: str, key: str, line: int, col: int) -> int | None:
@@ -210,8 +254,7 @@ def _earlier_key_line(text: str, key: str, line: int, col: int) -> int | None:
     lines = text.splitlines()
     for n in range(line - 1, 0, -1):
         # `  - name: a` holds its key at the same column as the `    name: b` below it.
-        candidate = re.sub(r"^(\s*)((?:-\s)*)", lambda m: m.group(1) + " " * len(m.group(2)),
-                           lines[n - 1])
+        candidate = re.sub(r"^(\s*)((?:-\s)*)", lambda m: m.group(1) + " " * len(m.group(2)), lines[n - 1])
         if len(candidate) - len(candidate.lstrip(" ")) != col - 1:
             continue
         if candidate.strip().split(":", 1)[0].strip().strip("'\"") == key:
@@ -225,8 +268,10 @@ def _hint(problem: str) -> str:
     if "found unexpected ':'" in problem:
         return 'inside [ ] or { }, quote a value that contains a colon, e.g. ["http://host:8000"].'
     if "mapping values are not allowed" in problem:
-        return ("a value containing ': ' must be quoted, e.g. description: \"Fast: good for "
-                "chat\"; or, if this line starts a new key, indent it like the keys above it.")
+        return (
+            "a value containing ': ' must be quoted, e.g. description: \"Fast: good for "
+            'chat"; or, if this line starts a new key, indent it like the keys above it.'
+        )
     if "expected <block end>" in problem or "could not find expected" in problem:
         return "check the indentation of this line against the lines above it."
     if "found character" in problem and "cannot start any token" in problem:

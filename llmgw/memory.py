@@ -30,8 +30,15 @@ OVERHEAD_FLOOR_GB = 2.0
 # llama.cpp's KV cache element sizes by --cache-type-k/-v: quantized types store blocks of 32
 # values with their scales (q8_0: 34 bytes for 32 values).
 CACHE_TYPE_BYTES = {
-    "f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
-    "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32,
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+    "iq4_nl": 18 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
 }
 # llama.cpp rounds the KV cache up to whole blocks of cells.
 CELL_PADDING = 256
@@ -90,8 +97,7 @@ def memory_for(
     return Memory(
         _round(weights + kv + buffers),
         "estimated",
-        f"weights {weights:.1f} GB + KV cache {kv:.1f} GB for ctx_size {ctx} "
-        f"+ buffers {buffers:.1f} GB",
+        f"weights {weights:.1f} GB + KV cache {kv:.1f} GB for ctx_size {ctx} + buffers {buffers:.1f} GB",
     )
 
 
@@ -102,8 +108,7 @@ def _half_again(weights: float) -> Memory:
     return Memory(
         _round(weights + overhead),
         "estimated",
-        f"weights {weights:.1f} GB + {overhead:.1f} GB (half again, at least "
-        f"{OVERHEAD_FLOOR_GB:.0f} GB)",
+        f"weights {weights:.1f} GB + {overhead:.1f} GB (half again, at least {OVERHEAD_FLOOR_GB:.0f} GB)",
     )
 
 

@@ -70,7 +70,11 @@ class _NodeState:
         return self.free_gb >= need_gb
 
     def take(
-        self, model: str, need_gb: float, gpus: int, port: int | None = None,
+        self,
+        model: str,
+        need_gb: float,
+        gpus: int,
+        port: int | None = None,
         gpu_ids: tuple[int, ...] = (),
     ) -> Slot:
         """Claim room for one replica; the previous plan's port and GPUs when still free,
@@ -98,6 +102,7 @@ class _NodeState:
         """Who holds this node's GPUs (or memory), largest first: `a (2 GPUs), b (1 GPU)`."""
         index = 0 if gpus else 1
         rows = sorted((-h[index], m) for m, h in self.holders.items() if h[index])
+
         def unit(n: float) -> str:
             return f"{n:g} GPU{'' if n == 1 else 's'}" if gpus else f"{n:g} GB"
 
@@ -128,7 +133,9 @@ class _Want:
 
 
 def place(
-    entries: list[Entry], fleet: Fleet, previous: Plan | None = None,
+    entries: list[Entry],
+    fleet: Fleet,
+    previous: Plan | None = None,
     changed: frozenset[str] | None = None,
 ) -> Placement:
     """`changed`: the files new or edited since `previous`. A shortage is then reported on
@@ -149,8 +156,11 @@ def _short_on_settled(placement: Placement, changed: frozenset[str]) -> bool:
 
 
 def _fill(
-    wants: list[_Want], fleet: Fleet, previous: Plan | None,
-    changed: frozenset[str] | None, settled_first: bool,
+    wants: list[_Want],
+    fleet: Fleet,
+    previous: Plan | None,
+    changed: frozenset[str] | None,
+    settled_first: bool,
 ) -> Placement:
     states = {
         n.name: _NodeState(n, n.memory_gb, list(range(n.gpu_count)), n.ports.first) for n in fleet.nodes
@@ -206,7 +216,9 @@ def _previous_slots(previous: Plan | None) -> dict[ReplicaKey, _Previous]:
 
 
 def _keep_previous(
-    want: _Want, states: dict[str, _NodeState], before: dict[ReplicaKey, _Previous],
+    want: _Want,
+    states: dict[str, _NodeState],
+    before: dict[ReplicaKey, _Previous],
     chooser: _Chooser,
 ) -> Slot | None:
     was = before.get(want.key)
@@ -298,7 +310,10 @@ class _Chooser:
 
 
 def _result(
-    wants: list[_Want], got: dict[ReplicaKey, Slot], fleet: Fleet, states: list[_NodeState],
+    wants: list[_Want],
+    got: dict[ReplicaKey, Slot],
+    fleet: Fleet,
+    states: list[_NodeState],
     chooser: _Chooser,
 ) -> Placement:
     slots: dict[tuple[str, str], list[Slot]] = {}
@@ -324,7 +339,9 @@ def _on_nodes_lacking_the_engine(placed: list[tuple[_Want, Slot]]) -> Finding:
     engine = want.profile.engine
     nodes = ", ".join(sorted({slot.node.name for _, slot in placed}))
     return want.entry.doc.finding(
-        "warning", "engine-unavailable", (*want.entry.profile_path(want.profile), "engine"),
+        "warning",
+        "engine-unavailable",
+        (*want.entry.profile_path(want.profile), "engine"),
         f"{len(placed)} replica(s) of profile {want.profile.name} are placed on {nodes}, which "
         f"report(s) no {engine}, because the nodes that have it are full; they will not start "
         f"until {engine} is installed there. Add room on nodes with {engine}, or install it.",
@@ -340,40 +357,60 @@ def _why_short(
     if not eligible:
         return None  # selector-matches-nothing already says so
     total = placed + len(missing)
-    head = (f"{placed} of {total} replica(s) of profile {profile.name} can be placed, "
-            "and a plan offers no replica it cannot place: ")
+    head = (
+        f"{placed} of {total} replica(s) of profile {profile.name} can be placed, "
+        "and a plan offers no replica it cannot place: "
+    )
     selector = ", ".join(f"{k}: {v}" for k, v in sorted(profile.node_selector.items()))
     where = f"nodes matching {{{selector}}}" if selector else "nodes"
     if want.gpus and max(n.gpu_count for n in eligible) < want.gpus:
         most = max(n.gpu_count for n in eligible)
         has = f"have at most {most}" if most else "have none"
-        reason = (f"a replica needs {want.gpus} GPU(s) and the {where} {has}. "
-                  "Lower gpus, or add a node with more GPUs.")
+        reason = (
+            f"a replica needs {want.gpus} GPU(s) and the {where} {has}. "
+            "Lower gpus, or add a node with more GPUs."
+        )
         if not any(n.gpu_count for n in fleet.nodes) and profile.engine in GPU_ENGINES:
-            reason += (f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
-                       "the same model runs on the CPU nodes with engine llamacpp.")
+            reason += (
+                f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
+                "the same model runs on the CPU nodes with engine llamacpp."
+            )
     elif not any(capacity_gb(n, profile) >= want.need_gb for n in eligible):
         largest = max(eligible, key=lambda n: (capacity_gb(n, profile), n.name))
         memory = entry.memory(profile)
         basis = f" ({memory.basis})" if memory is not None else ""
-        reason = (f"a replica needs {want.need_gb:g} GB{basis} and it is too big for every "
-                  f"eligible node (the largest, {room_on(largest, profile)}). Write "
-                  "min_memory_gb if the estimate is wrong, or add a larger node.")
+        reason = (
+            f"a replica needs {want.need_gb:g} GB{basis} and it is too big for every "
+            f"eligible node (the largest, {room_on(largest, profile)}). Write "
+            "min_memory_gb if the estimate is wrong, or add a larger node."
+        )
     else:
         fit = sorted(n.name for n in eligible if capacity_gb(n, profile) >= want.need_gb)
         if all(states[name].next_port > states[name].node.ports.last for name in fit):
-            room = (f"({_each(fit, str)}) have no ports left in their port ranges; widen ports in "
-                    "the fleet, or add nodes.")
+            room = (
+                f"({_each(fit, str)}) have no ports left in their port ranges; widen ports in "
+                "the fleet, or add nodes."
+            )
         elif want.gpus:
-            held = _each(fit, lambda n: f"{n} has {states[n].free_gpus} of {states[n].node.gpu_count} "
-                         f"free, held by {states[n].held(gpus=True)}")
-            room = (f"have too few free GPUs for one asking for {want.gpus}: {held}. Lower "
-                    "replicas, free GPUs by moving or removing a model, or add nodes.")
+            held = _each(
+                fit,
+                lambda n: (
+                    f"{n} has {states[n].free_gpus} of {states[n].node.gpu_count} "
+                    f"free, held by {states[n].held(gpus=True)}"
+                ),
+            )
+            room = (
+                f"have too few free GPUs for one asking for {want.gpus}: {held}. Lower "
+                "replicas, free GPUs by moving or removing a model, or add nodes."
+            )
         else:
-            held = _each(fit, lambda n: f"{n} has {states[n].free_gb:g} GB free, held by "
-                         f"{states[n].held(gpus=False)}")
-            room = (f"have too little memory left for one needing {want.need_gb:g} GB: {held}. "
-                    "Lower replicas, or add nodes.")
+            held = _each(
+                fit, lambda n: f"{n} has {states[n].free_gb:g} GB free, held by {states[n].held(gpus=False)}"
+            )
+            room = (
+                f"have too little memory left for one needing {want.need_gb:g} GB: {held}. "
+                "Lower replicas, or add nodes."
+            )
         reason = f"too few eligible nodes: the {where} that can hold one {room}"
     path: tuple[str | int, ...] = entry.profile_path(profile)
     if profile.replicas is None:

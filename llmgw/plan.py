@@ -56,8 +56,12 @@ class KubernetesTarget:
         return f"http://{workload}.{self.namespace}.svc.{self.cluster_domain}:{self.port}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": "kubernetes", "namespace": self.namespace,
-                "cluster_domain": self.cluster_domain, "port": self.port}
+        return {
+            "kind": "kubernetes",
+            "namespace": self.namespace,
+            "cluster_domain": self.cluster_domain,
+            "port": self.port,
+        }
 
 
 def build_plan(
@@ -76,8 +80,13 @@ def build_plan(
     }
     if target is not None:  # absent for the node agents, so their plans read as they always did
         plan["target"] = target.as_dict()
-    names = workload_names([(e.spec.name, p.name) for e in result.entries for p in e.spec.profiles
-                            if not p.external]) if target else {}
+    names = (
+        workload_names(
+            [(e.spec.name, p.name) for e in result.entries for p in e.spec.profiles if not p.external]
+        )
+        if target
+        else {}
+    )
     plan["nodes"] = [_node(s.node, s.free_gb, s.free_gpus, s.replicas) for s in result.placement.nodes]
     plan["models"] = [_model(e, result, target, names) for e in result.entries]
     plan["digest"] = plan_digest(plan)
@@ -150,7 +159,9 @@ def _node(node: Node, free_gb: float, free_gpus: int, replicas: int) -> dict[str
 
 
 def _model(
-    entry: Entry, result: LintResult, target: KubernetesTarget | None,
+    entry: Entry,
+    result: LintResult,
+    target: KubernetesTarget | None,
     names: dict[tuple[str, str], str],
 ) -> dict[str, Any]:
     spec = entry.spec
@@ -169,13 +180,15 @@ def _model(
     out["replicas"] = spec.replicas
     out["file"] = entry.doc.file
     out["profiles"] = [_profile(entry, p, result, target, names) for p in spec.routing_order()]
-    out["warnings"] = [{"rule": f.rule, "message": f.message}
-                       for f in result.warnings_for(entry.doc.file)]
+    out["warnings"] = [{"rule": f.rule, "message": f.message} for f in result.warnings_for(entry.doc.file)]
     return out
 
 
 def _profile(
-    entry: Entry, profile: Any, result: LintResult, target: KubernetesTarget | None,
+    entry: Entry,
+    profile: Any,
+    result: LintResult,
+    target: KubernetesTarget | None,
     names: dict[tuple[str, str], str],
 ) -> dict[str, Any]:
     spec = entry.spec
@@ -431,4 +444,3 @@ class Plan(_Part):
 
     def node(self, name: str) -> PlanNode | None:
         return next((n for n in self.nodes if n.name == name), None)
-

@@ -32,4 +32,3 @@ def load_schema(name: str) -> dict[str, Any]:
 @cache
 def validator(name: str) -> Draft202012Validator:
     return Draft202012Validator(load_schema(name))
-

@@ -57,7 +57,7 @@ class Source:
 def classify_source(text: str, base_dir: Path) -> Source:
     """Local paths are relative to the model file's own folder, like its $schema comment."""
     if text.startswith("hf://"):
-        parts = [p for p in text[len("hf://"):].split("/") if p]
+        parts = [p for p in text[len("hf://") :].split("/") if p]
         repository = "hf://" + "/".join(parts[:2])
         if len(parts) <= 2:
             return Source(text, "hf-repo", "repository", "", None, repository, None)

@@ -91,10 +91,20 @@ def _drop(data: dict[str, Any], error: ValidationError) -> bool:
 # Keys whose absence changes nothing the other rules judge, or only makes them say less.
 # Without `endpoints` a remote profile would be checked as a placed one, and without
 # `node_selector` a profile would match every node: rules would invent findings.
-_MAY_SET_ASIDE = frozenset({
-    "description", "aliases", "weights_bytes", "architecture", "max_output", "args",
-    "ctx_size", "min_memory_gb", "weight", "priority",
-})
+_MAY_SET_ASIDE = frozenset(
+    {
+        "description",
+        "aliases",
+        "weights_bytes",
+        "architecture",
+        "max_output",
+        "args",
+        "ctx_size",
+        "min_memory_gb",
+        "weight",
+        "priority",
+    }
+)
 
 
 def _at(data: Any, path: list[str | int]) -> Any:
@@ -113,60 +123,111 @@ def _explain(doc: Document, error: ValidationError) -> list[Finding]:
         return _unknown_fields(doc, error, path)
     if path and path[-1] == "description" and (isinstance(error.instance, str) or error.instance is None):
         # `description:` with nothing after it is null, and means what "" means.
-        return [doc.finding("error", "schema", path,
-                            "description is empty. Write one or two sentences for someone "
-                            "choosing between models (what it is good at, what it costs beside "
-                            "its neighbours), or remove the key to leave the model undescribed.")]
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                "description is empty. Write one or two sentences for someone "
+                "choosing between models (what it is good at, what it costs beside "
+                "its neighbours), or remove the key to leave the model undescribed.",
+            )
+        ]
     if error.validator == "required":
         missing = str(error.message).split("'")[1] if "'" in str(error.message) else "a field"
         where = f" in {field}" if field else ""
-        return [doc.finding("error", "schema", path,
-                            f"missing required field '{missing}'{where}; add it.")]
+        return [doc.finding("error", "schema", path, f"missing required field '{missing}'{where}; add it.")]
     if error.validator == "enum":
         options = ", ".join(str(o) for o in error.validator_value)
         guess = get_close_matches(str(error.instance), [str(o) for o in error.validator_value], 1)
         hint = f"; did you mean '{guess[0]}'?" if guess else "."
-        return [doc.finding("error", "schema", path,
-                            f"{field} is {error.instance!r}, which is not one of: {options}{hint}")]
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                f"{field} is {error.instance!r}, which is not one of: {options}{hint}",
+            )
+        ]
     if error.validator == "type" and not path and error.instance is None:
         required = ", ".join(error.schema.get("required", []))
-        return [doc.finding("error", "schema", path,
-                            f"the file is empty; write the fields it needs ({required}), or delete "
-                            "the file.")]
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                f"the file is empty; write the fields it needs ({required}), or delete the file.",
+            )
+        ]
     if error.validator == "type":
         want = error.validator_value
         wants = want if isinstance(want, list) else [want]
         want_text = " or ".join(_YAML_WORDS.get(w, f"a {w}") for w in wants)
-        return [doc.finding("error", "schema", path,
-                            f"{field or 'the file'} must be {want_text}, "
-                            f"not {_describe(error.instance)}.")]
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                f"{field or 'the file'} must be {want_text}, not {_describe(error.instance)}.",
+            )
+        ]
     if error.validator in ("minimum", "exclusiveMinimum", "maximum"):
         bound = error.validator_value
-        need = {"minimum": f"at least {bound}", "exclusiveMinimum": f"more than {bound}",
-                "maximum": f"at most {bound}"}[str(error.validator)]
-        return [doc.finding("error", "schema", path,
-                            f"{field} is {error.instance}; it must be {need}.")]
+        need = {
+            "minimum": f"at least {bound}",
+            "exclusiveMinimum": f"more than {bound}",
+            "maximum": f"at most {bound}",
+        }[str(error.validator)]
+        return [doc.finding("error", "schema", path, f"{field} is {error.instance}; it must be {need}.")]
     if error.validator == "minItems":
-        return [doc.finding("error", "schema", path,
-                            f"{field} is empty; list at least {error.validator_value}, or remove "
-                            "the key where it is optional.")]
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                f"{field} is empty; list at least {error.validator_value}, or remove "
+                "the key where it is optional.",
+            )
+        ]
     if error.validator == "uniqueItems" and isinstance(error.instance, list):
         dupes = sorted({str(x) for x in error.instance if error.instance.count(x) > 1})
-        return [doc.finding("error", "schema", path,
-                            f"{field} lists {', '.join(repr(d) for d in dupes)} more than once; "
-                            "keep one of each.")]
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                f"{field} lists {', '.join(repr(d) for d in dupes)} more than once; keep one of each.",
+            )
+        ]
     if error.validator == "pattern" and path and path[-1] == "address":
-        return [doc.finding("error", "schema", path,
-                            f"{field} {error.instance!r} is not a host name or IP address; write "
-                            "the address the gateway reaches this node on, e.g. 127.0.0.11.")]
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                f"{field} {error.instance!r} is not a host name or IP address; write "
+                "the address the gateway reaches this node on, e.g. 127.0.0.11.",
+            )
+        ]
     if error.validator == "pattern" and "endpoints" in path:
-        return [doc.finding("error", "schema", path,
-                            f"{field} {error.instance!r} is not an engine address the gateway "
-                            "can reach; write http://HOST:PORT, optionally ending in /v1.")]
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                f"{field} {error.instance!r} is not an engine address the gateway "
+                "can reach; write http://HOST:PORT, optionally ending in /v1.",
+            )
+        ]
     if error.validator == "pattern" and path and (path[-1] == "name" or "aliases" in path):
-        return [doc.finding("error", "schema", path,
-                            f"{field} {error.instance!r} is not a usable name: "
-                            f"{_name_rule(str(error.validator_value))}.")]
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                f"{field} {error.instance!r} is not a usable name: {_name_rule(str(error.validator_value))}.",
+            )
+        ]
     subject = field or "the file"
     return [doc.finding("error", "schema", path, f"{subject}: {error.message}.")]
 
@@ -179,11 +240,17 @@ def _unknown_fields(doc: Document, error: ValidationError, path: tuple[str | int
         if key in known:
             continue
         guess = get_close_matches(str(key), known, 1, 0.6)
-        hint = (f" Did you mean '{guess[0]}'?" if guess
-                else f" Known fields here: {', '.join(known)}.")
+        hint = f" Did you mean '{guess[0]}'?" if guess else f" Known fields here: {', '.join(known)}."
         where = f" in {_field_name(path)}" if path else ""
-        out.append(doc.finding("error", "unknown-field", (*path, key),
-                               f"unknown field {_quoted(key)}{where}.{hint}", key=True))
+        out.append(
+            doc.finding(
+                "error",
+                "unknown-field",
+                (*path, key),
+                f"unknown field {_quoted(key)}{where}.{hint}",
+                key=True,
+            )
+        )
     return out
 
 

@@ -84,20 +84,21 @@ class _App(falcon.asgi.App):  # type: ignore[type-arg]  # falcon's App is generi
 
 
 class Lifecycle:
-    """Starts the plan and keys watchers and health checks with the worker; closes the client after."""
+    """Starts the plan and keys watchers and health checks with the worker; closes the engine
+    connections after."""
 
     def __init__(
         self,
         state: PlanState,
         health: Health,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         settings: Settings,
         keys: Keys | None,
     ) -> None:
         self.state = state
         self.keys = keys
         self.health = health
-        self.client = client
+        self.upstream = upstream
         self.settings = settings
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -115,7 +116,7 @@ class Lifecycle:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.client.aclose()
+        await self.upstream.aclose()
 
 
 def create_app(
@@ -127,24 +128,15 @@ def create_app(
     state = PlanState(settings.plan_path)
     # External endpoints may be https; those take httpx's own transport.
     upstream = Upstream(FastTransport(), httpx.AsyncHTTPTransport(retries=0, trust_env=False))
-    client = httpx.AsyncClient(  # health checks; requests go through `upstream` itself
-        # Engines are on the LAN: compressing tokens would cost more CPU than it saves.
-        headers={"accept-encoding": "identity"},
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-        timeout=httpx.Timeout(settings.connect_timeout),
-        trust_env=False,
-        transport=upstream.plain,
-        mounts={"https://": upstream.secure},
-    )
     health = Health(
-        client,
+        upstream,
         settings.health_failures,
         timeout=min(settings.health_interval, max(settings.connect_timeout, 1.0)),
     )
     access = Access(state, keys, settings.access_log)
     limiter = Limiter(_shared_directory()) if settings.keys_file is not None else None
 
-    app = _App(middleware=[Lifecycle(state, health, client, settings, keys), access])
+    app = _App(middleware=[Lifecycle(state, health, upstream, settings, keys), access])
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)

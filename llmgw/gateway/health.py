@@ -16,13 +16,14 @@ import httpx
 from llmgw.gateway import metrics
 from llmgw.gateway.reload import PlanState
 from llmgw.gateway.routing import Replica
+from llmgw.gateway.upstream import Upstream
 
 log = logging.getLogger("llmgw.gateway")
 
 
 class Health:
-    def __init__(self, client: httpx.AsyncClient, failures: int, timeout: float) -> None:
-        self.client = client
+    def __init__(self, upstream: Upstream, failures: int, timeout: float) -> None:
+        self.upstream = upstream
         self.failures = failures
         self.timeout = timeout
 
@@ -47,14 +48,14 @@ class Health:
 
     async def probe(self, replica: Replica) -> None:
         try:
-            answer = await self.client.get(replica.health_url, timeout=self.timeout)
+            status = await self.upstream.status(replica.health_url, self.timeout)
         except httpx.HTTPError as exc:
             self.failed(replica, f"GET /health failed: {type(exc).__name__}")
             return
-        if answer.status_code == 200:
+        if status == 200:
             self.answered(replica)
         else:
-            self.failed(replica, f"GET /health answered {answer.status_code}")
+            self.failed(replica, f"GET /health answered {status}")
 
     async def watch(self, state: PlanState, interval: float) -> None:
         while True:

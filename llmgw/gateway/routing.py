@@ -23,12 +23,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from llmgw.errors import PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.upstream import Target
 from llmgw.plan import Plan, PlanModel, PlanProfile
 
 # Which endpoint a model of each task may be sent to. A chat model also completes raw
@@ -119,12 +121,15 @@ class Replica:
         # Plans may give the engine's root or its /v1 root; both mean the same engine.
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
-        self.health_url = httpx.URL(base + "/health")
-        port = self.health_url.port
-        # httpx takes any number as a port; the failure would wait for the first request.
+        parsed = urlsplit(base)
+        port = parsed.port  # a ValueError for a port past 65535
+        # A port of 0 would be taken as "none"; the failure would wait for the first request.
         if port is not None and not 0 < port < 65536:
             raise ValueError(f"port {port} is not between 1 and 65535")
-        self.urls = {kind: httpx.URL(base + path) for kind, path in UPSTREAM_PATHS.items()}
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{endpoint} is not an http:// or https:// address")
+        self.health_url = Target(parsed, "/health")
+        self.urls = {kind: Target(parsed, path) for kind, path in UPSTREAM_PATHS.items()}
         self.inflight = 0
         # Unknown is not down: a replica is in rotation until checks say otherwise.
         self.healthy = True

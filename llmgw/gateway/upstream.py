@@ -23,6 +23,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, overload
+from urllib.parse import SplitResult
 
 import httptools
 import httpx
@@ -199,6 +200,23 @@ def _head(
     return b"".join(lines)
 
 
+class Target:
+    """Where one kind of request to one replica goes, parsed once when a plan is loaded:
+    parsing URLs per replica (four each) was most of the time a 5,000-model plan took to
+    load."""
+
+    __slots__ = ("url", "scheme", "key", "raw_path")
+
+    def __init__(self, base: SplitResult, path: str) -> None:
+        self.scheme = base.scheme
+        self.key = (base.hostname or "", base.port or (443 if base.scheme == "https" else 80))
+        self.raw_path = base.path.rstrip("/").encode() + path.encode()
+        self.url = f"{base.scheme}://{base.netloc}{self.raw_path.decode()}"
+
+    def __str__(self) -> str:
+        return self.url
+
+
 class Reply:
     """An engine's answer as the proxy reads it: status, headers, and the body's chunks.
 
@@ -255,7 +273,8 @@ class FastTransport(httpx.AsyncBaseTransport):
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
         reply = await self.request(
             request.method.encode(),
-            url,
+            (url.host, url.port or 80),
+            url.raw_path,
             request.headers.raw,
             request.content,  # the gateway always sends bytes it holds in memory
             timeouts.get("connect"),
@@ -271,15 +290,15 @@ class FastTransport(httpx.AsyncBaseTransport):
     async def request(
         self,
         method: bytes,
-        url: httpx.URL,
+        key: tuple[str, int],
+        raw_path: bytes,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         connect_timeout: float | None,
         read_timeout: float | None,
     ) -> Reply:
         """Send one request; the answer once its headers are here."""
-        key = (url.host, url.port or 80)
-        head = _head(method, url.raw_path, headers, key, body)
+        head = _head(method, raw_path, headers, key, body)
         conn, reused = await self._acquire(key, connect_timeout)
         try:
             await self._exchange(conn, head, body, read_timeout)
@@ -357,13 +376,46 @@ class Upstream:
         self.secure = secure
 
     async def post(
-        self, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes, timeouts: dict[str, Any]
+        self, target: Target, headers: list[tuple[bytes, bytes]], body: bytes, timeouts: dict[str, Any]
     ) -> Reply | httpx.Response:
-        if url.scheme == "http":
+        if target.scheme == "http":
             return await self.plain.request(
-                b"POST", url, headers, body, timeouts.get("connect"), timeouts.get("read")
+                b"POST",
+                target.key,
+                target.raw_path,
+                headers,
+                body,
+                timeouts.get("connect"),
+                timeouts.get("read"),
             )
-        request = httpx.Request("POST", url, headers=headers, content=body, extensions={"timeout": timeouts})
+        request = httpx.Request(
+            "POST", target.url, headers=headers, content=body, extensions={"timeout": timeouts}
+        )
         response = await self.secure.handle_async_request(request)
         response.request = request
         return response
+
+    async def status(self, target: Target, timeout: float) -> int:
+        """GET `target` and read its answer through; its status. httpx errors as they come,
+        and httpx.TimeoutException when the whole exchange takes over `timeout` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                if target.scheme != "http":
+                    request = httpx.Request("GET", target.url)
+                    answer: Reply | httpx.Response = await self.secure.handle_async_request(request)
+                else:
+                    answer = await self.plain.request(
+                        b"GET", target.key, target.raw_path, [], b"", None, None
+                    )
+                try:
+                    async for _ in answer.aiter_raw():
+                        pass
+                finally:
+                    await answer.aclose()
+        except TimeoutError:
+            raise httpx.TimeoutException(f"no answer from {target} within {timeout:g}s") from None
+        return answer.status_code
+
+    async def aclose(self) -> None:
+        await self.plain.aclose()
+        await self.secure.aclose()

@@ -152,7 +152,7 @@ def _runs(running: tuple[str, ...], argv: tuple[str, ...]) -> bool:
     differently, since a wrapper script that execs the engine (`#!/bin/sh` … exec) shows
     the interpreter's name in /proc where the agent recorded the script's."""
     args = argv[1:]
-    return len(running) >= len(argv) and running[len(running) - len(args):] == args
+    return len(running) >= len(argv) and running[len(running) - len(args) :] == args
 
 
 def cap_log(log: Path, limit: int) -> None:

@@ -61,8 +61,10 @@ class WeightsVolume:
             return cls()
         if kind in ("pvc", "hostPath") and value:
             if kind == "hostPath" and not value.startswith("/"):
-                raise UsageError(f"--weights-volume {text!r}: hostPath needs an absolute path, e.g. "
-                                 "hostPath:/var/lib/llmgw/weights.")
+                raise UsageError(
+                    f"--weights-volume {text!r}: hostPath needs an absolute path, e.g. "
+                    "hostPath:/var/lib/llmgw/weights."
+                )
             return cls(kind, value)
         raise UsageError(
             f"--weights-volume {text!r} is not emptyDir, pvc:CLAIM or hostPath:/PATH "
@@ -97,8 +99,10 @@ def parse_pairs(pairs: tuple[str, ...], flag: str, known: Mapping[str, str]) -> 
                 f"(for example {flag} vllm={known.get('vllm', 'VALUE')})."
             )
         out[key] = value
-    if flag == "--image" and any(p.startswith("llamacpp=") for p in pairs) and not any(
-        p.startswith("llamacpp-gpu=") for p in pairs
+    if (
+        flag == "--image"
+        and any(p.startswith("llamacpp=") for p in pairs)
+        and not any(p.startswith("llamacpp-gpu=") for p in pairs)
     ):
         out["llamacpp-gpu"] = out["llamacpp"]  # one image given for llama.cpp serves both
     return out
@@ -114,12 +118,16 @@ def render(plan: Plan, options: Options) -> dict[str, str]:
                 name = f"engine-{profile.workload.name}.yaml"
                 files[name] = _file(_engine(model, profile, target, options))
     files = {"gateway.yaml": files.pop("gateway.yaml"), **dict(sorted(files.items()))}
-    files["kustomization.yaml"] = _file([{
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "namespace": target.namespace,
-        "resources": list(files),
-    }])
+    files["kustomization.yaml"] = _file(
+        [
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": target.namespace,
+                "resources": list(files),
+            }
+        ]
+    )
     return files
 
 
@@ -167,7 +175,12 @@ def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Opt
             "cannot read; give it an hf:// or https:// source, or serve it with the node agent."
         )
     command = engine_command(
-        model, profile, profile.replicas[0], weights=weights, host="0.0.0.0", port=target.port,
+        model,
+        profile,
+        profile.replicas[0],
+        weights=weights,
+        host="0.0.0.0",
+        port=target.port,
         executable=options.executables[profile.engine],
     )
     # The device plugin decides which cards a container sees; the agent's CUDA_VISIBLE_DEVICES
@@ -183,8 +196,11 @@ def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Opt
         for part in ("requests", "limits"):
             resources.setdefault(part, {})["nvidia.com/gpu"] = profile.gpus
     selector = _selector(name, "engine")
-    annotations = {"llmgw.dev/model": model.name, "llmgw.dev/profile": profile.name,
-                   "llmgw.dev/source": model.source}
+    annotations = {
+        "llmgw.dev/model": model.name,
+        "llmgw.dev/profile": profile.name,
+        "llmgw.dev/source": model.source,
+    }
     engine: dict[str, Any] = {
         "name": "engine",
         "image": options.images[image_key],
@@ -194,10 +210,16 @@ def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Opt
     if env:
         engine["env"] = env
     engine["resources"] = resources
-    engine["readinessProbe"] = {"httpGet": {"path": "/health", "port": "http"},
-                                "periodSeconds": 5, "failureThreshold": 3}
-    engine["startupProbe"] = {"httpGet": {"path": "/health", "port": "http"},
-                              "periodSeconds": STARTUP_PERIOD_S, "failureThreshold": STARTUP_FAILURES}
+    engine["readinessProbe"] = {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": 5,
+        "failureThreshold": 3,
+    }
+    engine["startupProbe"] = {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": STARTUP_PERIOD_S,
+        "failureThreshold": STARTUP_FAILURES,
+    }
     engine["volumeMounts"] = [{"name": "weights", "mountPath": directory, "readOnly": True}]
     fetch = ["llmgw", "fetch", model.source, "--into", directory]
     if model.weights_bytes is not None:
@@ -208,22 +230,26 @@ def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Opt
     if profile.gpus:
         # GPU nodes are usually tainted so that nothing else lands on them.
         pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    pod["topologySpreadConstraints"] = [{
-        # As the fit check placed them: on different hosts where there are enough, but a
-        # replica doubled up on one host serves better than one left pending.
-        "maxSkew": 1,
-        "topologyKey": "kubernetes.io/hostname",
-        "whenUnsatisfiable": "ScheduleAnyway",
-        "labelSelector": {"matchLabels": selector},
-    }]
-    pod["initContainers"] = [{
-        "name": "weights",
-        "image": options.gateway_image,
-        "command": fetch,
-        # HF_TOKEN for gated repositories, when the operator creates the Secret.
-        "envFrom": [{"secretRef": {"name": "llmgw-hub", "optional": True}}],
-        "volumeMounts": [{"name": "weights", "mountPath": directory}],
-    }]
+    pod["topologySpreadConstraints"] = [
+        {
+            # As the fit check placed them: on different hosts where there are enough, but a
+            # replica doubled up on one host serves better than one left pending.
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector},
+        }
+    ]
+    pod["initContainers"] = [
+        {
+            "name": "weights",
+            "image": options.gateway_image,
+            "command": fetch,
+            # HF_TOKEN for gated repositories, when the operator creates the Secret.
+            "envFrom": [{"secretRef": {"name": "llmgw-hub", "optional": True}}],
+            "volumeMounts": [{"name": "weights", "mountPath": directory}],
+        }
+    ]
     pod["containers"] = [engine]
     volume = options.weights.source()
     if options.weights.kind == "hostPath":
@@ -244,8 +270,10 @@ def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Opt
             # The fit check counted the replicas, not a spare one: a rollout replaces a pod
             # at a time rather than waiting for room for an extra one that may never come.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": {"metadata": {"labels": _labels(name, "engine"), "annotations": annotations},
-                         "spec": pod},
+            "template": {
+                "metadata": {"labels": _labels(name, "engine"), "annotations": annotations},
+                "spec": pod,
+            },
         },
     }
     service = {
@@ -282,8 +310,9 @@ def _gateway(plan: Plan, target: Target, options: Options) -> list[dict[str, Any
     config = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta("llmgw-plan", target, "gateway",
-                          annotations={"llmgw.dev/plan-digest": plan.digest}),
+        "metadata": _meta(
+            "llmgw-plan", target, "gateway", annotations={"llmgw.dev/plan-digest": plan.digest}
+        ),
         # The plan's own bytes: its digest is checked again by every gateway that loads it.
         # Kubernetes updates the mounted file in place, and the gateway reloads it.
         "data": {"plan.json": LiteralScalarString(dump_plan(plan.doc))},
@@ -297,8 +326,11 @@ def _gateway(plan: Plan, target: Target, options: Options) -> list[dict[str, Any
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10,
-                          "failureThreshold": 6},
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
         "volumeMounts": [{"name": "plan", "mountPath": PLAN_DIR, "readOnly": True}],
     }
     deployment = {
@@ -313,12 +345,14 @@ def _gateway(plan: Plan, target: Target, options: Options) -> list[dict[str, Any
             "template": {
                 "metadata": {"labels": _labels(name, "gateway")},
                 "spec": {
-                    "topologySpreadConstraints": [{
-                        "maxSkew": 1,
-                        "topologyKey": "kubernetes.io/hostname",
-                        "whenUnsatisfiable": "ScheduleAnyway",
-                        "labelSelector": {"matchLabels": selector},
-                    }],
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": selector},
+                        }
+                    ],
                     # Streams in flight get this long to finish when a pod is replaced.
                     "terminationGracePeriodSeconds": 60,
                     "containers": [container],

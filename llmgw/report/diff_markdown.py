@@ -69,14 +69,10 @@ def summary(change: ResourceChange) -> str:
         # Long prose is named, not quoted: the full diff below has before and after.
         name = f"profile {f.profile} {f.field}" if f.profile else f.field
         if f.field == "description" or f.field == "source":
-            parts.append(
-                f"{name} changed" if f.before and f.after else f"{name} {_presence(f.after)}"
-            )
+            parts.append(f"{name} changed" if f.before and f.after else f"{name} {_presence(f.after)}")
         else:
             parts.append(f"{name} {value(f.before)} → {value(f.after)}")
-    parts += [
-        f"profile {p.name} {'added' if p.action == 'add' else 'removed'}" for p in change.profiles
-    ]
+    parts += [f"profile {p.name} {'added' if p.action == 'add' else 'removed'}" for p in change.profiles]
     for action, word in (
         ("add", "added"),
         ("remove", "removed"),

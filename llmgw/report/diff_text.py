@@ -95,8 +95,10 @@ def around_the_change(before: str, after: str, context: int = 30) -> tuple[str, 
         # From a word's start; looked for in the common prefix, so the same in both strings.
         space = before.find(" ", start, same_start)
         start = space + 1 if space >= 0 else start
-    return (_cut(before, start, len(before) - same_end + context),
-            _cut(after, start, len(after) - same_end + context))
+    return (
+        _cut(before, start, len(before) - same_end + context),
+        _cut(after, start, len(after) - same_end + context),
+    )
 
 
 def _cut(text: str, start: int, stop: int) -> str:

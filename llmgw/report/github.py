@@ -17,6 +17,7 @@ def _escape_property(s: str) -> str:
 
 def report(findings: list[Finding], stream: TextIO, *, color: bool = False) -> None:
     for f in findings:
-        props = (f"file={_escape_property(f.file)},line={f.line},col={f.column},"
-                 f"title={_escape_property(f.rule)}")
+        props = (
+            f"file={_escape_property(f.file)},line={f.line},col={f.column},title={_escape_property(f.rule)}"
+        )
         stream.write(f"::{f.severity} {props}::{_escape_data(f.message)}\n")

@@ -97,11 +97,15 @@ def _window(window: dict[str, Any] | None) -> str:
         return "none: every layer attends to the whole context"
     layout = window["layout"]
     if layout is None:
-        return (f"{window['window']} tokens, layout not known for this architecture: every layer "
-                "counted at the full context")
+        return (
+            f"{window['window']} tokens, layout not known for this architecture: every layer "
+            "counted at the full context"
+        )
     total = len(layout)
-    return (f"{window['window']} tokens on {window['local_layers']} of {total} layers, "
-            f"the rest global ({layout}: L local, G global)")
+    return (
+        f"{window['window']} tokens on {window['local_layers']} of {total} layers, "
+        f"the rest global ({layout}: L local, G global)"
+    )
 
 
 INSPECT_REPORTERS: dict[str, InspectReporter] = {

@@ -34,14 +34,11 @@ def findings_markdown(findings: Sequence[Any]) -> str:
     ]
     for f in list(findings)[:MAX_ROWS]:
         where = f"{f.file}:{f.line}:{f.column}"
-        lines.append(
-            f"| {_severity_mark(f.severity)} | {code(where)} | {code(f.rule)} | {cell(f.message)} |"
-        )
+        lines.append(f"| {_severity_mark(f.severity)} | {code(where)} | {code(f.rule)} | {cell(f.message)} |")
     if len(findings) > MAX_ROWS:
         lines.append("")
         lines.append(
-            f"{len(findings) - MAX_ROWS} more finding(s) not shown; "
-            "run `llmgw lint` locally to see them all."
+            f"{len(findings) - MAX_ROWS} more finding(s) not shown; run `llmgw lint` locally to see them all."
         )
     return "\n".join(lines) + "\n"
 

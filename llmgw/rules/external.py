@@ -29,7 +29,9 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
         for key in _PLACEMENT_KEYS:
             if key in written:
                 yield entry.doc.finding(
-                    "warning", "ignored-setting", ("profiles", i, key),
+                    "warning",
+                    "ignored-setting",
+                    ("profiles", i, key),
                     f"profile {profile.name} has endpoints, so llmgw runs no replica of it and "
                     f"{key} does nothing here; remove it (the count and size of the engines "
                     "behind those endpoints are set where they run).",
@@ -37,7 +39,9 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
                 )
     if "replicas" in entry.doc.data and all(p.external for p in entry.spec.profiles):
         yield entry.doc.finding(
-            "warning", "ignored-setting", ("replicas",),
+            "warning",
+            "ignored-setting",
+            ("replicas",),
             "every profile of this model has endpoints, so llmgw runs no replica of it and "
             "replicas does nothing; remove it.",
             key=True,

@@ -26,13 +26,13 @@ def _may_run(fleet: Fleet, profile: Profile) -> bool | None:
     return any(n.reports(profile.engine) is not False for n in nodes)
 
 
-def _check_profile(
-    entry: Entry, profile: Profile, fleet: Fleet, may_run: bool | None
-) -> Iterator[Finding]:
+def _check_profile(entry: Entry, profile: Profile, fleet: Fleet, may_run: bool | None) -> Iterator[Finding]:
     path = entry.profile_path(profile)
     if may_run is None:
         yield entry.doc.finding(
-            "error", "selector-matches-nothing", (*path, "node_selector"),
+            "error",
+            "selector-matches-nothing",
+            (*path, "node_selector"),
             f"node_selector {_selector(profile)} matches no node in {fleet.file}; "
             f"{_labels_hint(fleet)} Fix the selector, or label a node to match it.",
         )
@@ -44,8 +44,10 @@ def _check_profile(
         "are placed there anyway and will not start until it is installed."
     )
     if profile.engine in GPU_ENGINES and not any(n.gpu_count for n in fleet.nodes):
-        message += (f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
-                    "the same model runs on the CPU nodes with engine llamacpp.")
+        message += (
+            f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
+            "the same model runs on the CPU nodes with engine llamacpp."
+        )
     yield entry.doc.finding("warning", "engine-unavailable", (*path, "engine"), message)
 
 

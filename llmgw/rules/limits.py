@@ -20,7 +20,9 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
     spec = entry.spec
     if spec.max_output is not None and spec.max_output > spec.context_length:
         yield entry.doc.finding(
-            "error", "limits", ("max_output",),
+            "error",
+            "limits",
+            ("max_output",),
             f"max_output {spec.max_output} is more than context_length {spec.context_length}, "
             "so no request could use it; lower max_output or raise context_length.",
         )
@@ -35,7 +37,9 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
         # llama.cpp splits its pool evenly across slots: a request longer than
         # one slot's share fails mid-stream although the catalogue promised it.
         yield entry.doc.finding(
-            "error", "context-pool", (*entry.profile_path(profile), "ctx_size"),
+            "error",
+            "context-pool",
+            (*entry.profile_path(profile), "ctx_size"),
             f"ctx_size {pool} split across {slots} slot(s) gives each request {per_request} "
             f"tokens, less than context_length {spec.context_length}; raise ctx_size to "
             f"{spec.context_length * slots} or lower --parallel.",
@@ -47,7 +51,9 @@ def _check_training(entry: Entry) -> Iterator[Finding]:
     if isinstance(header, InspectError):
         # The engine would refuse the file too; said here, before a node downloads or loads it.
         yield entry.doc.finding(
-            "warning", "gguf-header", ("source",),
+            "warning",
+            "gguf-header",
+            ("source",),
             f"cannot read the GGUF header of the source, so the memory estimate falls back to a rule "
             f"of thumb: {header}",
         )
@@ -59,7 +65,9 @@ def _check_training(entry: Entry) -> Iterator[Finding]:
         return
     said = "its GGUF header says" if where == "the GGUF header" else "architecture.trained_context says"
     yield entry.doc.finding(
-        "warning", "context-beyond-training", ("context_length",),
+        "warning",
+        "context-beyond-training",
+        ("context_length",),
         f"context_length {context} is beyond the {trained} tokens the model was trained for ({said}): "
         f"past that its answers degrade, unless the engine stretches the context with RoPE scaling "
         f"(llama.cpp's --rope-scaling yarn). Lower context_length to {trained}, or add the scaling "

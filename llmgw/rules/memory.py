@@ -38,8 +38,11 @@ def room_on(node: Node, profile: Profile) -> str:
     used = min(profile.gpus_needed, node.gpu_count)
     each = f"{node.gpu_memory_gb:g} GB each"
     cards = f"GPU{'' if node.gpu_count == 1 else 's'}"
-    share = f"its {node.gpu_count} {cards} of {each}" if used == node.gpu_count else (
-        f"{used} of its {node.gpu_count} {cards} of {each}, as the profile asks for {used}")
+    share = (
+        f"its {node.gpu_count} {cards} of {each}"
+        if used == node.gpu_count
+        else (f"{used} of its {node.gpu_count} {cards} of {each}, as the profile asks for {used}")
+    )
     return f"{node.name}, gives it {capacity_gb(node, profile):g} GB: {share}"
 
 
@@ -48,9 +51,13 @@ def _unknown_message(entry: Entry) -> str:
     if entry.source.missing:
         # Most often a typo in the path: writing weights_bytes would silence this and leave
         # the typo for the engine to fail on.
-        return (head + f"source {entry.source.text} is not on this machine to measure "
-                "(see source-missing). Fix the path; if the file is only on the nodes, write "
-                "weights_bytes (its size in bytes) or min_memory_gb for this profile.")
-    return (head + "the size of the weights is unknown. Write weights_bytes (the size of the "
-            "weights in bytes) or min_memory_gb for this profile, so it is not placed on a node "
-            "too small to hold it.")
+        return (
+            head + f"source {entry.source.text} is not on this machine to measure "
+            "(see source-missing). Fix the path; if the file is only on the nodes, write "
+            "weights_bytes (its size in bytes) or min_memory_gb for this profile."
+        )
+    return (
+        head + "the size of the weights is unknown. Write weights_bytes (the size of the "
+        "weights in bytes) or min_memory_gb for this profile, so it is not placed on a node "
+        "too small to hold it."
+    )

@@ -21,9 +21,10 @@ def _profile_names(entry: Entry) -> Iterator[Finding]:
     for i, profile in enumerate(entry.spec.profiles):
         if profile.name in seen:
             yield entry.doc.finding(
-                "error", "duplicate-profile", ("profiles", i, "name"),
-                f"profile '{profile.name}' appears twice in this model; give each profile its "
-                "own name.",
+                "error",
+                "duplicate-profile",
+                ("profiles", i, "name"),
+                f"profile '{profile.name}' appears twice in this model; give each profile its own name.",
             )
         seen.add(profile.name)
 
@@ -52,7 +53,9 @@ def _model_names(ctx: Context) -> Iterator[Finding]:
         for i, alias in enumerate(entry.spec.aliases):
             if alias == entry.spec.name:
                 yield entry.doc.finding(
-                    "error", "alias-collision", ("aliases", i),
+                    "error",
+                    "alias-collision",
+                    ("aliases", i),
                     f"alias '{alias}' repeats the model's own name; remove it.",
                 )
                 continue
@@ -73,18 +76,22 @@ def _clash(ctx: Context, word: str, claim: _Claim, others: list[_Claim]) -> Find
     them = "; and ".join(o.describe() for o in others)
     if claim.alias is not None:
         return claim.entry.doc.finding(
-            "error", "alias-collision", claim.path,
-            f"alias '{word}' is {when} {them}; a client sending it could reach either. "
-            "Pick another alias.",
+            "error",
+            "alias-collision",
+            claim.path,
+            f"alias '{word}' is {when} {them}; a client sending it could reach either. Pick another alias.",
         )
     if any(o.alias is None for o in others):
         return claim.entry.doc.finding(
-            "error", "duplicate-name", claim.path,
-            f"'{word}' is {when} {them}; two models cannot answer to one name. "
-            "Rename one of them.",
+            "error",
+            "duplicate-name",
+            claim.path,
+            f"'{word}' is {when} {them}; two models cannot answer to one name. Rename one of them.",
         )
     return claim.entry.doc.finding(
-        "error", "alias-collision", claim.path,
+        "error",
+        "alias-collision",
+        claim.path,
         f"'{word}' is {when} {them}; a client sending it could reach either. "
         "Rename this model, or remove that alias.",
     )

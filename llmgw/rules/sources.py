@@ -27,7 +27,9 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
         # likelier cause, and without this the only finding was memory-unknown's advice
         # to write weights_bytes, which hides the typo until the engine fails to start.
         yield entry.doc.finding(
-            "warning", "source-missing", ("source",),
+            "warning",
+            "source-missing",
+            ("source",),
             f"{_shown(entry)} does not exist on this machine. If the path is wrong, fix it; "
             "if the file is only on the nodes, the plan is written anyway, and the node agent "
             "fails to start the engine where it is missing.",
@@ -36,10 +38,15 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
         yield entry.doc.finding("error", "sharded-source", ("source",), _sharded_message(entry))
         return
     if src.format == "unknown":
-        what = (f"nothing here reads {src.suffix} files" if src.suffix
-                else f"cannot tell what format {src.text} is in, since it names no file type")
+        what = (
+            f"nothing here reads {src.suffix} files"
+            if src.suffix
+            else f"cannot tell what format {src.text} is in, since it names no file type"
+        )
         yield entry.doc.finding(
-            "error", "unreadable-format", ("source",),
+            "error",
+            "unreadable-format",
+            ("source",),
             f"{what}: llamacpp reads one .gguf file, vllm reads .safetensors or .bin, or a "
             "repository id (hf://org/repo). Point source at one of those.",
         )
@@ -51,7 +58,9 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
         if profile.engine in readers:
             continue
         yield entry.doc.finding(
-            "error", "engine-mismatch", (*entry.profile_path(profile), "engine"),
+            "error",
+            "engine-mismatch",
+            (*entry.profile_path(profile), "engine"),
             _mismatch_message(entry, profile.engine, src.format, readers),
         )
 
@@ -74,30 +83,44 @@ def _sharded_message(entry: Entry) -> str:
     if src.format == "gguf" or src.gguf_repository:
         # The repository of a split GGUF holds only GGUF files: not something vLLM reads.
         where = f" from {src.repository}" if src.repository else ""
-        return (f"{head} Serve a single-file build with engine llamacpp: a quantisation{where} "
-                "that is one .gguf file. vllm does not read GGUF; for vllm, point source at the "
-                "model's safetensors repository (hf://org/repo) instead.")
+        return (
+            f"{head} Serve a single-file build with engine llamacpp: a quantisation{where} "
+            "that is one .gguf file. vllm does not read GGUF; for vllm, point source at the "
+            "model's safetensors repository (hf://org/repo) instead."
+        )
     repository = src.repository or "hf://org/repo"
-    return (f"{head} Serve the repository id {repository} with engine vllm, which fetches the "
-            "shards itself, or a GGUF build of the same model in one file with engine llamacpp.")
+    return (
+        f"{head} Serve the repository id {repository} with engine vllm, which fetches the "
+        "shards itself, or a GGUF build of the same model in one file with engine llamacpp."
+    )
 
 
 def _mismatch_message(entry: Entry, engine: str, fmt: str, readers: frozenset[str]) -> str:
     src = entry.source
     if src.gguf_repository and fmt == "repository":
         if engine == "vllm":
-            return (f"{src.repository} is a GGUF repository (its name says so), and vllm does not "
-                    "read GGUF; use engine llamacpp with one .gguf file from it "
-                    f"({src.repository}/<name>.gguf), or point source at the model's safetensors "
-                    "repository for vllm.")
-        return (f"{engine} cannot serve a repository id: it needs one GGUF file. Name the file "
-                f"({src.repository}/<name>.gguf).")
+            return (
+                f"{src.repository} is a GGUF repository (its name says so), and vllm does not "
+                "read GGUF; use engine llamacpp with one .gguf file from it "
+                f"({src.repository}/<name>.gguf), or point source at the model's safetensors "
+                "repository for vllm."
+            )
+        return (
+            f"{engine} cannot serve a repository id: it needs one GGUF file. Name the file "
+            f"({src.repository}/<name>.gguf)."
+        )
     if fmt == "repository":
-        return (f"{engine} cannot serve a repository id: it needs one GGUF file. Name the file "
-                f"({src.repository or 'hf://org/repo'}/<name>.gguf), or use engine vllm.")
+        return (
+            f"{engine} cannot serve a repository id: it needs one GGUF file. Name the file "
+            f"({src.repository or 'hf://org/repo'}/<name>.gguf), or use engine vllm."
+        )
     others = " or ".join(sorted(readers))
     if fmt == "gguf":
-        return (f"{engine} does not read GGUF files; use engine {others}, or point source at the "
-                "safetensors repository for vllm.")
-    return (f"{engine} cannot read .{fmt} weights; use engine {others}, or point source at a GGUF "
-            "build of the same model for llamacpp.")
+        return (
+            f"{engine} does not read GGUF files; use engine {others}, or point source at the "
+            "safetensors repository for vllm."
+        )
+    return (
+        f"{engine} cannot read .{fmt} weights; use engine {others}, or point source at a GGUF "
+        "build of the same model for llamacpp."
+    )

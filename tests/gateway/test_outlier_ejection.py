@@ -6,6 +6,7 @@ replica out only after 100 failures: what a test sees is real requests' doing.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Iterator
@@ -93,7 +94,6 @@ def test_a_replica_failing_real_requests_is_ejected_though_its_health_check_pass
     assert state["returns_in"] > EJECT_TIME, f"the second ejection should last twice the first: {state}"
 
 
-
 def test_a_replica_whose_trial_request_succeeds_returns_to_full_traffic(
     gw: Gateway, engine_a: Engine
 ) -> None:
@@ -146,10 +146,13 @@ def budget_gw(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine) -> Ite
 
 
 def test_retries_past_the_budget_are_refused_and_the_first_failure_is_the_answer(budget_gw: Gateway) -> None:
+    started = time.monotonic()
     statuses = [ask(budget_gw, "half-dead").status_code for _ in range(60)]
+    # The budget is per 10 s window: on a busy machine the 60 requests can span two.
+    windows = math.ceil((time.monotonic() - started) / 10)
     refused = statuses.count(502)
     made = metric(budget_gw, "llmgw_retries_total", result="made")
-    assert made <= 0.2 * 60 + 2, f"{made} retries for 60 requests: over 20% plus the floor"
+    assert made <= 0.2 * 60 + 2 * windows, f"{made} retries for 60 requests: over 20% plus the floor"
     assert refused > 0 and refused == metric(budget_gw, "llmgw_retries_total", result="refused"), statuses
     assert set(statuses) == {200, 502}, statuses
     assert "retry budget is spent" in budget_gw.log()

@@ -13,6 +13,7 @@ from llmgw.gateway.config import Settings, settings_from_env
 from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.health import Health
 from llmgw.gateway.routing import DnsGroup, RouteTable
+from llmgw.gateway.upstream import FastTransport, Upstream
 from llmgw.plan import Plan
 from tests.gateway.dns_server import DnsServer
 from tests.plans import plan_document
@@ -22,14 +23,29 @@ ENDPOINT = "http://engines.llmgw.test:8080"
 
 def _plan(endpoint: str = ENDPOINT) -> Plan:
     profile = {
-        "name": "cpu", "engine": "llamacpp", "priority": 100, "weight": 1, "ctx_size": 8192, "args": [],
-        "gpus": 0, "node_selector": {}, "served_name": "m", "external": False,
+        "name": "cpu",
+        "engine": "llamacpp",
+        "priority": 100,
+        "weight": 1,
+        "ctx_size": 8192,
+        "args": [],
+        "gpus": 0,
+        "node_selector": {},
+        "served_name": "m",
+        "external": False,
         "workload": {"name": "m-cpu", "replicas": 2},
         "replicas": [{"endpoint": endpoint, "discovery": "dns"}],
     }
     model = {
-        "name": "m", "aliases": [], "task": "chat", "source": "hf://o/r/m.gguf", "format": "gguf",
-        "context_length": 8192, "replicas": 2, "file": "catalog/m.yaml", "profiles": [profile],
+        "name": "m",
+        "aliases": [],
+        "task": "chat",
+        "source": "hf://o/r/m.gguf",
+        "format": "gguf",
+        "context_length": 8192,
+        "replicas": 2,
+        "file": "catalog/m.yaml",
+        "profiles": [profile],
         "warnings": [],
     }
     return Plan.of(plan_document([model]))
@@ -101,7 +117,9 @@ def test_dns_servers_are_read_from_the_environment():
 def _discovery(server: DnsServer) -> Discovery:
     host, port = server.address.split(":")
     settings = Settings(plan_path=Path("p.json"), dns_servers=((host, int(port)),), dns_interval=2)
-    return Discovery(settings, Health(httpx.AsyncClient(), failures=2, timeout=0.2))
+    return Discovery(
+        settings, Health(Upstream(FastTransport(), httpx.AsyncHTTPTransport()), failures=2, timeout=0.2)
+    )
 
 
 def test_lookups_against_a_dns_server_on_loopback():
