@@ -7,7 +7,9 @@ picks the worker, and checks each worker's own answer.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -216,6 +218,15 @@ def test_a_refused_keys_file_is_reported_by_every_worker_and_its_dashboard(
         ),
         "the keys banner",
     )
+    # A worker gunicorn starts now, in place of one that died, takes the last good keys and
+    # says the same, rather than failing to boot (which stops the whole gateway).
+    replaced = min(ready)
+    os.kill(replaced, signal.SIGTERM)
+    wait_until(lambda: replaced not in gw.worker_pids() and len(gw.worker_pids()) == 2, 30, "a new worker")
+    again = from_every_worker(gw, "/readyz", lambda a: int(a.json()["pid"]), keys_refused, "the refused keys")
+    assert replaced not in again
+    assert {a.json()["keys"]["reason"] for a in again.values()} == reasons
+    assert gw.proc.poll() is None, f"the gateway stopped:\n{gw.log()}"
     # The old keys keep working.
     answer = httpx.post(
         gw.url + "/v1/chat/completions",
