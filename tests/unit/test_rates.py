@@ -75,3 +75,20 @@ def test_a_young_gateway_measures_from_its_first_reading(tmp_path: Path) -> None
     totals.now = 20
     figures = samples.figures(now=20)
     assert figures is not None and figures.seconds == 20 and figures.models["chat"].requests == 20
+
+
+def test_a_worker_finds_a_fresh_reading_from_the_files_age_without_reading_the_metrics(
+    tmp_path: Path,
+) -> None:
+    Samples(tmp_path, Counting()).take()
+
+    def never() -> Totals:
+        raise AssertionError("a second worker read the metrics again within SAMPLE_EVERY")
+
+    Samples(tmp_path, never).take()
+
+
+def test_gunicorn_empties_the_readings_with_the_metrics_they_were_taken_from() -> None:
+    from llmgw.gateway import gunicorn_conf, rates
+
+    assert gunicorn_conf.USAGE_READINGS == rates.FILE_NAME
