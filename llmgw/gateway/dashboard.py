@@ -201,7 +201,7 @@ def _median_label(value: float | None, over: bool) -> str:
 
 
 def _usage_row(figures: ModelFigures | None) -> dict[str, Any]:
-    if figures is None or figures.requests == 0 and figures.tokens_per_second == 0:
+    if figures is None or (figures.requests == 0 and figures.tokens_per_second == 0):
         return {"requests": 0, "rpm": "0", "latency": "–", "ttft": "–", "tokens_per_second": "0"}
     return {
         "requests": figures.requests,
@@ -216,7 +216,7 @@ def usage_document(usage: Figures | None, view: PlanView) -> dict[str, Any]:
     """The usage table's cells, as shown: every model of the plan, in its order."""
     models = usage.models if usage is not None else {}
     return {
-        "window": "–" if usage is None else seconds_label(usage.seconds),
+        "window": None if usage is None else seconds_label(usage.seconds),
         "models": {m.name: _usage_row(models.get(m.name)) for m in view.models},
     }
 

@@ -41,7 +41,7 @@
 
   function applyUsage(usage) {
     var win = document.getElementById("usage-window");
-    if (win) win.textContent = usage.window;
+    if (win && usage.window) win.textContent = usage.window;
     var rows = document.querySelectorAll("tr[data-usage-model]");
     var cells = { rpm: "rpm", latency: "latency", ttft: "ttft", tokens: "tokens_per_second" };
     for (var i = 0; i < rows.length; i++) {
