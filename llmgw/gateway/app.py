@@ -28,8 +28,9 @@ from llmgw.gateway.limits import Limiter
 from llmgw.gateway.openapi import OpenApi
 from llmgw.gateway.outlier import Outliers, RetryBudget, replica_states
 from llmgw.gateway.proxy import AnswerCut, Proxy
+from llmgw.gateway.rates import Samples
 from llmgw.gateway.reload import PlanState
-from llmgw.gateway.resources import AdminKeys, AdminPlan, Healthz, Metrics, Models, Readyz
+from llmgw.gateway.resources import AdminKeys, AdminPlan, DashboardKeys, Healthz, Metrics, Models, Readyz
 from llmgw.gateway.routing import RouteTable
 from llmgw.gateway.upstream import FastTransport, Upstream
 
@@ -94,9 +95,11 @@ class Lifecycle:
         upstream: Upstream,
         settings: Settings,
         keys: Keys | None,
+        samples: Samples,
     ) -> None:
         self.state = state
         self.keys = keys
+        self.samples = samples
         self.health = health
         self.upstream = upstream
         self.settings = settings
@@ -108,6 +111,7 @@ class Lifecycle:
             loop.create_task(self.state.watch(self.settings.reload_interval)),
             loop.create_task(self.health.watch(self.state, self.settings.health_interval)),
             loop.create_task(Discovery(self.settings, self.health).watch(self.state)),
+            loop.create_task(self.samples.watch()),
         ]
         if self.keys is not None:
             self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
@@ -134,9 +138,11 @@ def create_app(
         timeout=min(settings.health_interval, max(settings.connect_timeout, 1.0)),
     )
     access = Access(state, keys, settings.access_log)
-    limiter = Limiter(_shared_directory()) if settings.keys_file is not None else None
+    shared = _shared_directory()
+    limiter = Limiter(shared) if settings.keys_file is not None else None
+    samples = Samples(shared)
 
-    app = _App(middleware=[Lifecycle(state, health, upstream, settings, keys), access])
+    app = _App(middleware=[Lifecycle(state, health, upstream, settings, keys, samples), access])
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)
@@ -163,17 +169,27 @@ def create_app(
     admin_keys = AdminKeys(keys, limiter, settings.admin_token)
     app.add_route("/admin/keys", admin_keys)
     app.add_route("/admin/keys/{name}", admin_keys, suffix="item")
-    _add_dashboard(app, state)
+    key_pages = DashboardKeys(keys, limiter, settings.admin_token)
+    app.add_route("/dashboard/keys", key_pages)
+    app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
+    _add_dashboard(app, state, keys, samples)
     return app
 
 
-def _add_dashboard(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response], state: PlanState) -> None:
+def _add_dashboard(
+    app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response],
+    state: PlanState,
+    keys: Keys | None,
+    samples: Samples,
+) -> None:
     def snapshot() -> DashboardSnapshot:
         table = state.table
         return DashboardSnapshot(
             plan=table.plan,
             loaded_at=state.loaded_at,
             refusal=state.refusal,
+            keys_refusal=keys.refusal if keys is not None else None,
+            usage=samples.figures(),
             healthy=_healthy(table),
             discovery_errors=tuple(g.error for g in table.groups.values() if g.error),
             replicas=replica_states(table.every_replica().values()),

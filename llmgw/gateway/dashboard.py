@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,9 +29,18 @@ import falcon
 import falcon.asgi
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from llmgw.gateway.rates import Figures, ModelFigures
 from llmgw.plan import Plan, PlanModel
 
-__all__ = ["DashboardSnapshot", "add_dashboard_routes", "render_page", "status_document"]
+__all__ = [
+    "DashboardSnapshot",
+    "add_dashboard_routes",
+    "render_key_page",
+    "render_keys_page",
+    "render_page",
+    "set_page_headers",
+    "status_document",
+]
 
 _HERE = Path(__file__).parent
 _TEMPLATES = _HERE / "templates"
@@ -66,6 +76,11 @@ class DashboardSnapshot:
     # Per replica endpoint: in rotation, ejected or on trial, and its ejection counts
     # (gateway.outlier.replica_states).
     replicas: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    # Why the last keys file was refused, when it was (the old keys still work).
+    keys_refusal: str | None = None
+    # The last minute per model, summed over every worker (gateway.rates); None before the
+    # first reading.
+    usage: Figures | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +179,48 @@ def _prefix_counts(snapshot: DashboardSnapshot, model: str, profile: ProfileView
     return {"prefix_hits": hits, "prefix_spills": spills}
 
 
+def seconds_label(seconds: float) -> str:
+    """'180 ms', '1.2 s', '42 s': as precise as a median read from buckets deserves."""
+    if seconds < 1:
+        return f"{max(1, round(seconds * 1000))} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    return f"{round(seconds)} s"
+
+
+def rate_label(value: float) -> str:
+    if value == 0:
+        return "0"
+    return f"{value:.1f}" if value < 10 else f"{round(value):,}"
+
+
+def _median_label(value: float | None, over: bool) -> str:
+    if value is None:
+        return "–"
+    return f"> {seconds_label(value)}" if over else f"≈ {seconds_label(value)}"
+
+
+def _usage_row(figures: ModelFigures | None) -> dict[str, Any]:
+    if figures is None or (figures.requests == 0 and figures.tokens_per_second == 0):
+        return {"requests": 0, "rpm": "0", "latency": "–", "ttft": "–", "tokens_per_second": "0"}
+    return {
+        "requests": figures.requests,
+        "rpm": rate_label(figures.rpm),
+        "latency": _median_label(figures.latency_median, figures.latency_over),
+        "ttft": _median_label(figures.ttft_median, figures.ttft_over),
+        "tokens_per_second": rate_label(figures.tokens_per_second),
+    }
+
+
+def usage_document(usage: Figures | None, view: PlanView) -> dict[str, Any]:
+    """The usage table's cells, as shown: every model of the plan, in its order."""
+    models = usage.models if usage is not None else {}
+    return {
+        "window": None if usage is None else seconds_label(usage.seconds),
+        "models": {m.name: _usage_row(models.get(m.name)) for m in view.models},
+    }
+
+
 def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> dict[str, Any]:
     """The JSON the page polls: health per model and profile, plus the reload state."""
     models: dict[str, Any] = {}
@@ -188,8 +245,13 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
         "loaded_at_utc": utc_iso(snapshot.loaded_at),
         "age": relative_age(now - snapshot.loaded_at),
         "refusal": snapshot.refusal,
+        "keys_refusal": snapshot.keys_refusal,
         "discovery_errors": list(snapshot.discovery_errors),
         "models": models,
+        "usage": usage_document(snapshot.usage, view),
+        # Which worker answered: each keeps its own health view, and tests check that
+        # every worker says the same about the plan.
+        "worker": os.getpid(),
     }
 
 
@@ -245,6 +307,7 @@ def render_page(snapshot: DashboardSnapshot, now: float | None = None, view: Pla
         view=view,
         status=status,
         refusal=snapshot.refusal,
+        keys_refusal=snapshot.keys_refusal,
         discovery_errors=snapshot.discovery_errors,
         loaded_at_utc=status["loaded_at_utc"],
         age=status["age"],
@@ -256,6 +319,41 @@ def render_page(snapshot: DashboardSnapshot, now: float | None = None, view: Pla
     )
 
 
+def render_keys_page(keys: list[Mapping[str, Any]]) -> str:
+    """GET /dashboard/keys: every key by name (never the key), its limits and its totals."""
+    return _ENV.get_template("keys.html").render(
+        keys=keys, static_prefix=STATIC_PREFIX, css_version=_asset_version("dashboard.css")
+    )
+
+
+def render_key_page(key: Mapping[str, Any], by_model: Mapping[str, Mapping[str, float]]) -> str:
+    """GET /dashboard/keys/NAME: one key's models, limits, expiry and usage."""
+    rows: list[dict[str, Any]] = [
+        {
+            "model": model,
+            "requests": int(u.get("requests", 0)),
+            "prompt_tokens": int(u.get("prompt_tokens", 0)),
+            "completion_tokens": int(u.get("completion_tokens", 0)),
+        }
+        for model, u in sorted(by_model.items())
+    ]
+    total = {f: sum(r[f] for r in rows) for f in ("requests", "prompt_tokens", "completion_tokens")}
+    return _ENV.get_template("key.html").render(
+        key=key,
+        rows=rows,
+        total=total,
+        static_prefix=STATIC_PREFIX,
+        css_version=_asset_version("dashboard.css"),
+    )
+
+
+def set_page_headers(resp: falcon.asgi.Response) -> None:
+    resp.content_type = falcon.MEDIA_HTML
+    resp.cache_control = ["no-cache"]
+    resp.set_header("Content-Security-Policy", _CSP)
+    resp.set_header("X-Content-Type-Options", "nosniff")
+
+
 class _PageResource:
     def __init__(self, snapshot: Callable[[], DashboardSnapshot], views: _Views) -> None:
         self._snapshot = snapshot
@@ -263,11 +361,8 @@ class _PageResource:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         snap = self._snapshot()
-        resp.content_type = falcon.MEDIA_HTML
         resp.text = render_page(snap, view=self._views.get(snap.plan))
-        resp.cache_control = ["no-cache"]
-        resp.set_header("Content-Security-Policy", _CSP)
-        resp.set_header("X-Content-Type-Options", "nosniff")
+        set_page_headers(resp)
 
 
 class _StatusResource:

@@ -13,6 +13,9 @@ MADE_METRICS_DIR = "LLMGW_MADE_METRICS_DIR"
 
 # The files prometheus_client keeps per process: counter_123.db, gauge_liveall_123.db, …
 _METRICS_FILE = re.compile(r"^(counter|gauge|histogram|summary)_.*\.db$")
+# The dashboard's readings of those files (rates.FILE_NAME; not imported, since that would
+# load prometheus_client into gunicorn's master): last run's totals are no baseline for this one's.
+USAGE_READINGS = "llmgw-usage-readings.json"
 
 
 def on_starting(server: Any) -> None:
@@ -22,7 +25,7 @@ def on_starting(server: Any) -> None:
     if not directory or not os.path.isdir(directory):
         return
     for path in Path(directory).iterdir():
-        if _METRICS_FILE.match(path.name):
+        if _METRICS_FILE.match(path.name) or path.name == USAGE_READINGS:
             path.unlink(missing_ok=True)
 
 

@@ -7,6 +7,11 @@ of anonymous digests that open everything, as it always was.
 
 A replaced file that cannot be read or does not hold is refused and the old keys keep
 working: a typo in a pull request must not lock every team out at once.
+
+The keys last read well are kept beside the file as `.NAME.last-good`, as the plan is. A
+worker that starts while the file is bad (gunicorn replacing one that died) takes those and
+reports the same refusal as the workers already running; without them it failed to boot,
+and gunicorn stops the whole gateway when a worker cannot load the app.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from llmgw.atomic import file_signature
+from llmgw.atomic import file_signature, replace_file
 from llmgw.errors import UsageError
 
 log = logging.getLogger("llmgw.gateway")
@@ -159,10 +164,21 @@ class Keys:
 
     def __init__(self, path: Path, structured: bool) -> None:
         self.path = path
+        self.last_good = path.with_name(f".{path.name}.last-good")
         self.read = read_keys_file if structured else read_digest_file
         self._signature = file_signature(path)
-        self.tenants = self.read(path)  # at start a bad file stops the gateway, as a bad plan does
         self.refusal: str | None = None
+        try:
+            self.tenants = self.read(path)
+        except UsageError as exc:
+            # With no keys read well before, a bad file stops the gateway, as a bad plan does.
+            if not self.last_good.is_file():
+                raise
+            self.tenants = self.read(self.last_good)
+            self.refusal = _refusal(exc)
+            log.error("refused the keys file at start: %s", self.refusal)
+            return
+        self._keep_as_last_good()
 
     def check_file(self) -> None:
         signature = file_signature(self.path)
@@ -172,11 +188,26 @@ class Keys:
         try:
             self.tenants = self.read(self.path)
         except UsageError as exc:
-            self.refusal = f"{exc} Still accepting the keys read before."
+            self.refusal = _refusal(exc)
             log.error("refused the keys file: %s", self.refusal)
             return
         self.refusal = None
+        self._keep_as_last_good()
         log.info("keys reloaded from %s: %d key(s)", self.path, len(self.tenants))
+
+    def _keep_as_last_good(self) -> None:
+        try:
+            text = self.path.read_bytes()
+            if file_signature(self.path) != self._signature:
+                return  # replaced since it was read: whoever reads the new one keeps that
+            replace_file(self.last_good, text)
+        except OSError as exc:
+            log.warning(
+                "cannot keep a copy of the keys at %s (%s): a worker started while the keys file "
+                "is bad will not start",
+                self.last_good,
+                exc.strerror or exc,
+            )
 
     async def watch(self, interval: float) -> None:
         while True:
@@ -185,6 +216,12 @@ class Keys:
                 self.check_file()
             except Exception:  # one bad poll must not end reloading for good
                 log.exception("checking %s for new keys failed", self.path)
+
+
+def _refusal(exc: UsageError) -> str:
+    # The same words in a worker that refused the file while running and in one that
+    # started on it, so every worker's /readyz and dashboard say the same.
+    return f"{exc} Still accepting the keys read before."
 
 
 def keys_from_settings(keys_file: Path | None, api_keys_file: Path | None) -> Keys | None:

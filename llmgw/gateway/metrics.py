@@ -72,6 +72,20 @@ FIRST_BYTE = Histogram(
     ["model"],
     buckets=_BUCKETS,
 )
+# A streamed answer's first event comes once the engine has read the prompt and made one
+# token: tens of milliseconds for a short prompt, seconds for a long one or a queue. Finer
+# than _BUCKETS between 50 ms and 2 s, where a healthy engine's median lies, because the
+# dashboard reads medians from these buckets.
+_FIRST_TOKEN_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60
+)  # fmt: skip
+FIRST_TOKEN = Histogram(
+    "llmgw_time_to_first_token_seconds",
+    "Time from request to the first event of a streamed answer: its first token. "
+    "Answers not streamed are not counted (their first byte is their last).",
+    ["model"],
+    buckets=_FIRST_TOKEN_BUCKETS,
+)
 UPSTREAM_ERRORS = Counter(
     "llmgw_upstream_errors",
     "Upstream failures: connect, timeout, status (5xx), broken (cut mid-answer).",
@@ -147,6 +161,60 @@ def usage_by_key() -> dict[str, dict[str, float]]:
     return usage
 
 
+def usage_of_key(name: str) -> dict[str, dict[str, float]]:
+    """One key's usage per model, summed over the workers: requests, prompt_tokens,
+    completion_tokens."""
+    usage: dict[str, dict[str, float]] = {}
+    for metric in _registry().collect():
+        for sample in metric.samples:
+            if sample.labels.get("key") != name:
+                continue
+            if sample.name == "llmgw_requests_total":
+                field = "requests"
+            elif sample.name == "llmgw_tokens_total":
+                field = f"{sample.labels.get('kind')}_tokens"
+            else:
+                continue
+            per_model = usage.setdefault(sample.labels.get("model", "unknown"), {})
+            per_model[field] = per_model.get(field, 0.0) + sample.value
+    return usage
+
+
+# Per model, the running totals the dashboard's figures are made from: each is a sum over
+# the workers and only grows, so two readings a minute apart give that minute's figures.
+def model_totals() -> dict[str, dict[str, float]]:
+    """Per model: requests, prompt_tokens, completion_tokens, and the cumulative bucket
+    counts of latency and time to first token, keyed `latency<=LE` and `ttft<=LE`."""
+    totals: dict[str, dict[str, float]] = {}
+    for metric in _registry().collect():
+        field = _TOTALS.get(metric.name)
+        if field is None:
+            continue
+        for sample in metric.samples:
+            model = sample.labels.get("model")
+            if model is None:
+                continue
+            if sample.name.endswith("_bucket"):
+                name = f"{field}<={sample.labels['le']}"
+            elif sample.name == "llmgw_tokens_total":
+                name = f"{sample.labels.get('kind')}_tokens"
+            elif sample.name == "llmgw_requests_total":
+                name = field
+            else:
+                continue  # _sum, _count, _created
+            per_model = totals.setdefault(model, {})
+            per_model[name] = per_model.get(name, 0.0) + sample.value
+    return totals
+
+
+_TOTALS = {
+    "llmgw_requests": "requests",
+    "llmgw_tokens": "tokens",
+    "llmgw_request_duration_seconds": "latency",
+    "llmgw_time_to_first_token_seconds": "ttft",
+}
+
+
 def exposition(replicas: Collection[str], models: Collection[str] = ()) -> tuple[bytes, str]:
     """The text /metrics answers; `replicas` are the endpoints the served plan lists, and
     `models` its model names."""
@@ -181,6 +249,7 @@ _BY_MODEL = frozenset(
         "llmgw_tokens",
         "llmgw_request_duration_seconds",
         "llmgw_time_to_first_byte_seconds",
+        "llmgw_time_to_first_token_seconds",
         "llmgw_prefix_routes",
     }
 )

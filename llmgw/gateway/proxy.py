@@ -225,6 +225,8 @@ class Proxy:
         rename: EventRename | JsonRename
         if upstream.headers.get("content-type", "").startswith("text/event-stream"):
             resp.content_type = "text/event-stream"
+            # Its first event is in hand (`_open` timed it): that is the first token.
+            metrics.FIRST_TOKEN.labels(model.name).observe(ctx.ttfb)
             rename = EventRename(requested, meter)
             answer.first = rename.feed(answer.first)
         else:

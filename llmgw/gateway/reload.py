@@ -10,11 +10,20 @@ Every plan a worker serves is also kept beside the plan file as `.NAME.last-good
 worker that starts while the plan file is bad (gunicorn replaces a worker that died, or
 the operator restarts the service after a bad file was copied in) serves that instead:
 without it, one bad file and one worker restart took the whole gateway down.
+
+A refusal is also recorded beside the plan file as `.NAME.refused`, and every worker's
+watcher reads it: a deploy is checked by the one worker that received it, and before this
+record only that worker's /readyz and dashboard said it was refused, so a probe or a person
+who happened to reach another worker saw nothing wrong. The record names the plan file it
+was made against (its signature), so it lapses by itself once any plan replaces that file;
+it is never deleted, since a worker that cleared it on loading could erase a refusal
+another worker had just made against the new file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -33,6 +42,10 @@ def last_good_path(plan: Path) -> Path:
     return plan.with_name(f".{plan.name}.last-good")
 
 
+def refusal_path(plan: Path) -> Path:
+    return plan.with_name(f".{plan.name}.refused")
+
+
 class PlanWriteError(LlmgwError):
     """The plan was fine; the gateway's disk was not."""
 
@@ -43,7 +56,9 @@ class PlanState:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.last_good = last_good_path(path)
+        self.refused = refusal_path(path)
         self._signature: Signature = file_signature(path)
+        self._record_signature: Signature = None
         self.refusal: str | None = None
         try:
             self.table = RouteTable.from_plan(read_plan(path), created=self._created())
@@ -56,8 +71,12 @@ class PlanState:
             self.refusal = f"{exc} Serving the last good plan {self.table.digest} instead."
             metrics.RELOADS.labels("refused").inc()
             log.error("refused the plan file at start: %s", self.refusal)
+            self._record_refusal()
         self.loaded_at = time.time()
         self._keep_as_last_good()
+        # A worker started after another refused a deploy says so too (gunicorn replaces
+        # workers that die; the refused deploy is still the latest word on this file).
+        self._read_record()
         # One change at a time: the watcher awaits its read of the file, and a deploy
         # landing on this worker meanwhile would otherwise be overwritten by the older
         # plan the watcher read.
@@ -82,10 +101,12 @@ class PlanState:
                 log.exception("checking %s for a new plan failed", self.path)
 
     async def check_file(self) -> None:
-        if file_signature(self.path) == self._signature:
-            return
-        async with self._changing:
-            await self._check_file()
+        if file_signature(self.path) != self._signature:
+            async with self._changing:
+                await self._check_file()
+        if file_signature(self.refused) != self._record_signature:
+            async with self._changing:
+                self._read_record()
 
     async def _check_file(self) -> None:
         signature = file_signature(self.path)  # again: a deploy may have written it meanwhile
@@ -182,3 +203,35 @@ class PlanState:
         self.refusal = reason
         metrics.RELOADS.labels("refused").inc()
         log.error("refused a new plan, still serving %s: %s", self.table.digest, reason)
+        self._record_refusal()
+
+    def _record_refusal(self) -> None:
+        """Write this worker's refusal where every worker's watcher reads it."""
+        record = {"reason": self.refusal, "digest": self.table.digest, "plan_file": self._signature}
+        try:
+            replace_file(self.refused, json.dumps(record).encode(), tag="refusal")
+        except OSError as exc:
+            log.warning("cannot record the refusal at %s for the other workers: %s", self.refused, exc)
+            return
+        self._record_signature = file_signature(self.refused)
+
+    def _read_record(self) -> None:
+        """Take up a refusal another worker recorded against the plan file this one serves."""
+        signature = file_signature(self.refused)
+        if signature == self._record_signature:
+            return
+        self._record_signature = signature
+        if signature is None:
+            return
+        try:
+            record = json.loads(self.refused.read_bytes())
+            reason, made_against = record["reason"], record["plan_file"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("cannot read the refusal recorded at %s: %s", self.refused, exc)
+            return
+        if not isinstance(reason, str) or not isinstance(made_against, (list, type(None))):
+            return
+        against = None if made_against is None else tuple(made_against)  # None: the file was gone
+        if against != self._signature or self._signature != file_signature(self.path):
+            return  # made against a file since replaced: a later plan settled it
+        self.refusal = reason

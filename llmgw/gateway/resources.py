@@ -15,6 +15,7 @@ import falcon.asgi
 from llmgw.errors import PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.access import bearer_token, check_model, usable_models
+from llmgw.gateway.dashboard import render_key_page, render_keys_page, set_page_headers
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.keys import Keys, Tenant
 from llmgw.gateway.limits import Limiter
@@ -216,37 +217,73 @@ class AdminKeys:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         check_admin_token(self.token, req.get_header("Authorization"))
         usage = metrics.usage_by_key()
-        docs = [self._doc(t, usage) for t in self._tenants()]
+        docs = [key_document(t, usage, self.limiter) for t in self._tenants()]
         resp.content_type = falcon.MEDIA_JSON
         resp.data = json.dumps({"object": "list", "data": docs}).encode()
 
     async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         check_admin_token(self.token, req.get_header("Authorization"))
-        tenant = next((t for t in self._tenants() if t.name == name), None)
-        if tenant is None:
-            raise ApiError(
-                404, f"There is no key named '{name}'; GET /admin/keys lists them.", code="key_not_found"
-            )
+        tenant = find_tenant(self.keys, name, "GET /admin/keys")
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = json.dumps(self._doc(tenant, metrics.usage_by_key())).encode()
+        resp.data = json.dumps(key_document(tenant, metrics.usage_by_key(), self.limiter)).encode()
 
     def _tenants(self) -> list[Tenant]:
-        if self.keys is None:
-            return []
-        # The plain digest file's keys are one "anonymous" tenant: listed once.
-        return list({t.name: t for t in self.keys.tenants.values()}.values())
+        return tenants(self.keys)
 
-    def _doc(self, tenant: Tenant, usage: dict[str, dict[str, float]]) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "name": tenant.name,
-            "models": list(tenant.models) if tenant.models is not None else None,
-            "rpm": tenant.rpm,
-            "tpm": tenant.tpm,
-            "expires": tenant.expires.isoformat() if tenant.expires else None,
-            "expired": tenant.expired(),
-            "total": {k: int(v) for k, v in sorted(usage.get(tenant.name, {}).items())},
-        }
-        if self.limiter is not None and (tenant.rpm is not None or tenant.tpm is not None):
-            requests, tokens = self.limiter.used(tenant)
-            doc["last_minute"] = {"requests": requests, "tokens": tokens}
-        return doc
+
+def tenants(keys: Keys | None) -> list[Tenant]:
+    if keys is None:
+        return []
+    # The plain digest file's keys are one "anonymous" tenant: listed once.
+    return list({t.name: t for t in keys.tenants.values()}.values())
+
+
+def find_tenant(keys: Keys | None, name: str, listing: str) -> Tenant:
+    tenant = next((t for t in tenants(keys) if t.name == name), None)
+    if tenant is None:
+        raise ApiError(404, f"There is no key named '{name}'; {listing} lists them.", code="key_not_found")
+    return tenant
+
+
+def key_document(
+    tenant: Tenant, usage: dict[str, dict[str, float]], limiter: Limiter | None
+) -> dict[str, Any]:
+    """A key's limits and usage by its name; never the key or its hash."""
+    doc: dict[str, Any] = {
+        "name": tenant.name,
+        "models": list(tenant.models) if tenant.models is not None else None,
+        "rpm": tenant.rpm,
+        "tpm": tenant.tpm,
+        "expires": tenant.expires.isoformat() if tenant.expires else None,
+        "expired": tenant.expired(),
+        "total": {k: int(v) for k, v in sorted(usage.get(tenant.name, {}).items())},
+    }
+    if limiter is not None and (tenant.rpm is not None or tenant.tpm is not None):
+        requests, tokens = limiter.used(tenant)
+        doc["last_minute"] = {"requests": requests, "tokens": tokens}
+    return doc
+
+
+class DashboardKeys:
+    """GET /dashboard/keys and /dashboard/keys/{name}: the same as /admin/keys, as pages a
+    person reads (admin token, as a Bearer header like every admin endpoint), with a key's
+    usage per model."""
+
+    def __init__(self, keys: Keys | None, limiter: Limiter | None, token: str | None) -> None:
+        self.keys = keys
+        self.limiter = limiter
+        self.token = token
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        check_admin_token(self.token, req.get_header("Authorization"))
+        usage = metrics.usage_by_key()
+        resp.text = render_keys_page([key_document(t, usage, self.limiter) for t in tenants(self.keys)])
+        set_page_headers(resp)
+
+    async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        check_admin_token(self.token, req.get_header("Authorization"))
+        tenant = find_tenant(self.keys, name, "/dashboard/keys")
+        doc = key_document(tenant, metrics.usage_by_key(), self.limiter)
+        resp.text = render_key_page(doc, metrics.usage_of_key(tenant.name))
+        set_page_headers(resp)
+

@@ -81,7 +81,9 @@ def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None
     env = dict(os.environ if base is None else base)
     env["LLMGW_PLAN"] = str(plan)
     settings = settings_from_env(env)
-    keys_from_settings(settings.keys_file, settings.api_keys_file)
+    keys = keys_from_settings(settings.keys_file, settings.api_keys_file)
+    if keys is not None and keys.refusal:
+        print(f"llmgw: {keys.refusal}", file=sys.stderr)
 
 
 def serve(plan: Path, bind: str, workers: int) -> None:

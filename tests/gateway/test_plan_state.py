@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from harness import model, plan, profile, write_plan
 
+from llmgw.errors import PlanError
 from llmgw.gateway import reload
 from llmgw.gateway.reload import PlanState
 from llmgw.plan import dump_plan
@@ -52,3 +53,32 @@ def test_a_deploy_during_the_watchers_read_is_not_undone_by_the_older_plan(
 
     asyncio.run(race())
     assert state.refusal is None
+
+
+def test_a_deploy_refused_by_one_worker_is_reported_by_another_until_a_plan_loads(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "plan.json"
+    first = plan_named("first")
+    write_plan(path, first)
+    took_deploy, other = PlanState(path), PlanState(path)  # two workers on one plan file
+    bad = dict(plan_named("bad"), digest="0" * 64)
+
+    async def run() -> None:
+        with pytest.raises(PlanError):
+            await took_deploy.accept(dump_plan(bad).encode())
+        await other.check_file()
+        assert other.refusal == took_deploy.refusal, "the other worker does not say the deploy was refused"
+        assert other.refusal and "digest" in other.refusal
+        assert other.table.digest == first["digest"]
+        # A worker started now (gunicorn replacing one that died) says so too.
+        assert PlanState(path).refusal == took_deploy.refusal
+        good = plan_named("good")
+        write_plan(path, good)
+        for state in (took_deploy, other):
+            await state.check_file()
+            assert state.refusal is None, "a plan that loaded still shows the old refusal"
+            assert state.table.digest == good["digest"]
+        assert PlanState(path).refusal is None, "the lapsed refusal came back in a new worker"
+
+    asyncio.run(run())

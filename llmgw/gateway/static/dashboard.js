@@ -1,5 +1,5 @@
 // Keeps the dashboard's health counts live: polls the status JSON and rewrites
-// only the numbers, the reload banner and the plan's age. Model names from the
+// only the numbers, the reload and keys banners, the usage figures and the plan's age. Model names from the
 // status are matched against data-model attributes and written with
 // textContent, never as markup or CSS selectors, because they come from the
 // catalogue.
@@ -39,6 +39,21 @@
     }
   }
 
+  function applyUsage(usage) {
+    var win = document.getElementById("usage-window");
+    if (win && usage.window) win.textContent = usage.window;
+    var rows = document.querySelectorAll("tr[data-usage-model]");
+    var cells = { rpm: "rpm", latency: "latency", ttft: "ttft", tokens: "tokens_per_second" };
+    for (var i = 0; i < rows.length; i++) {
+      var u = usage.models[rows[i].getAttribute("data-usage-model")];
+      if (!u) continue;
+      for (var cls in cells) {
+        var cell = rows[i].querySelector("." + cls);
+        if (cell) cell.textContent = String(u[cells[cls]]);
+      }
+    }
+  }
+
   function apply(status) {
     var groups = document.querySelectorAll("tbody[data-model]");
     for (var i = 0; i < groups.length; i++) {
@@ -55,6 +70,12 @@
       document.getElementById("discovery-reason").textContent = errors.join(" ");
       document.getElementById("discovery").hidden = errors.length === 0;
     }
+    var keysBanner = document.getElementById("keys-refusal");
+    if (keysBanner) {
+      document.getElementById("keys-refusal-reason").textContent = status.keys_refusal || "";
+      keysBanner.hidden = !status.keys_refusal;
+    }
+    if (status.usage) applyUsage(status.usage);
     var changed = document.getElementById("plan-changed");
     if (changed) changed.hidden = status.digest === digest;
   }
