@@ -33,13 +33,20 @@ from llmgw.atomic import Signature, file_signature, replace_file
 from llmgw.errors import LlmgwError, PlanError
 from llmgw.gateway import metrics
 from llmgw.gateway.routing import RouteTable
-from llmgw.plan import Plan, dump_plan, parse_plan, read_plan
+from llmgw.plan import Plan, parse_plan, read_plan
 
 log = logging.getLogger("llmgw.gateway")
 
 
 def last_good_path(plan: Path) -> Path:
     return plan.with_name(f".{plan.name}.last-good")
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def refusal_path(plan: Path) -> Path:
@@ -195,7 +202,12 @@ class PlanState:
             # kept the newer plan, which this older one must not overwrite.
             return
         try:
-            replace_file(self.last_good, dump_plan(self.table.plan.doc).encode("utf-8"))
+            # The file's own bytes, not the plan dumped again: with thousands of models,
+            # dumping took each worker a second at start. Unchanged since this worker read
+            # it (the signature above), so they are the plan it serves.
+            text = self.path.read_bytes()
+            if _read_or_none(self.last_good) != text:
+                replace_file(self.last_good, text)
         except OSError as exc:
             log.warning("cannot keep a copy of the plan at %s: %s", self.last_good, exc)
 

@@ -286,4 +286,3 @@ class DashboardKeys:
         doc = key_document(tenant, metrics.usage_by_key(), self.limiter)
         resp.text = render_key_page(doc, metrics.usage_of_key(tenant.name))
         set_page_headers(resp)
-

@@ -128,8 +128,13 @@ class Replica:
             raise ValueError(f"port {port} is not between 1 and 65535")
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"{endpoint} is not an http:// or https:// address")
-        self.health_url = Target(parsed, "/health")
-        self.urls = {kind: Target(parsed, path) for kind, path in UPSTREAM_PATHS.items()}
+        scheme = parsed.scheme
+        key = (parsed.hostname, port or (443 if scheme == "https" else 80))
+        origin, prefix = f"{scheme}://{parsed.netloc}", parsed.path.rstrip("/")
+        self.health_url = Target(scheme, key, origin, prefix + "/health")
+        self.urls = {
+            kind: Target(scheme, key, origin, prefix + path) for kind, path in UPSTREAM_PATHS.items()
+        }
         self.inflight = 0
         # Unknown is not down: a replica is in rotation until checks say otherwise.
         self.healthy = True

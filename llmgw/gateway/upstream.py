@@ -23,7 +23,6 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, overload
-from urllib.parse import SplitResult
 
 import httptools
 import httpx
@@ -207,11 +206,12 @@ class Target:
 
     __slots__ = ("url", "scheme", "key", "raw_path")
 
-    def __init__(self, base: SplitResult, path: str) -> None:
-        self.scheme = base.scheme
-        self.key = (base.hostname or "", base.port or (443 if base.scheme == "https" else 80))
-        self.raw_path = base.path.rstrip("/").encode() + path.encode()
-        self.url = f"{base.scheme}://{base.netloc}{self.raw_path.decode()}"
+    def __init__(self, scheme: str, key: tuple[str, int], origin: str, path: str) -> None:
+        """`origin` is `scheme://host:port`; `path` everything after it."""
+        self.scheme = scheme
+        self.key = key
+        self.url = origin + path
+        self.raw_path = path.encode()
 
     def __str__(self) -> str:
         return self.url

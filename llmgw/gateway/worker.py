@@ -36,6 +36,49 @@ class _Refused(Exception):
     """Raised in a parser callback to stop parsing a request that is over a limit."""
 
 
+class _Corked:
+    """A connection's transport that joins the writes of one turn of the event loop into one
+    send. uvicorn writes a response's headers and then each part of its body as it gets them,
+    and each write was a system call of its own: for a short JSON answer, two where one does.
+    Whatever is written goes out at the end of the turn, or at `close`.
+    """
+
+    __slots__ = ("_real", "_loop", "_pending")
+
+    def __init__(self, real: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._real = real
+        self._loop = loop
+        self._pending: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._pending is None:
+            self._pending = [data]
+            self._loop.call_soon(self._flush)
+        else:
+            self._pending.append(data)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending and not self._real.is_closing():
+            self._real.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self._flush()
+        self._real.close()
+
+    def abort(self) -> None:
+        self._pending = None
+        self._real.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self._real.get_write_buffer_size() + sum(map(len, self._pending or ()))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # Set per worker by `limited_protocol`, from the settings.
     max_header_bytes = 65536
@@ -46,6 +89,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = _Corked(transport, self.loop)  # type: ignore[assignment]
         self._write_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._head_lines = 0
