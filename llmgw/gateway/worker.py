@@ -9,7 +9,9 @@ app's, so they live in the protocol the worker runs:
     request line and headers   LLMGW_MAX_HEADER_BYTES in all, LLMGW_MAX_HEADERS lines: else 431
     headers, from the first byte of a request (or the connection's opening) to their end:
                                LLMGW_HEADER_TIMEOUT: else 408 and the connection closed
-    body                       at most LLMGW_BODY_TIMEOUT without a byte: the connection closed
+    body                       at most LLMGW_BODY_TIMEOUT without a byte, and past that time
+                               at least BODY_MIN_RATE bytes a second on average: else the
+                               connection closed
     connections per worker     LLMGW_MAX_CONNECTIONS: past it, uvicorn answers 503
     an answer the client stops reading: once the socket's buffer is full, LLMGW_CHUNK_TIMEOUT
                                without room for more: the connection dropped
@@ -30,6 +32,12 @@ from llmgw.gateway.config import Settings, settings_from_env
 from llmgw.gateway.proxy import GONE, STALLED, ClientGone
 
 log = logging.getLogger("llmgw.gateway")
+
+
+# Apache's mod_reqtimeout default. A body trickled a byte a second never went
+# LLMGW_BODY_TIMEOUT without one, and held its request open for as long as the client
+# liked (slowloris); an upload at any real speed never comes near this rate.
+BODY_MIN_RATE = 500
 
 
 class _Refused(Exception):
@@ -95,6 +103,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_lines = 0
         self._refusal: tuple[int, str] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._body_started = 0.0
+        self._body_bytes = 0
         # A connection that never sends a byte is held to the same limit as half a header.
         self._arm(self.header_timeout, self._header_expired)
 
@@ -149,6 +159,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._body_started = self.loop.time()
+        self._body_bytes = 0
         self._arm(self.body_timeout, self._body_expired)
         super().on_headers_complete()
         if self.cycle is not None:
@@ -156,7 +168,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle.scope[GONE] = ClientGone()  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
-        self._arm(self.body_timeout, self._body_expired)
+        self._body_bytes += len(body)
+        now = self.loop.time()
+        keeping_up = self._body_started + self.body_timeout + self._body_bytes / BODY_MIN_RATE
+        self._arm(min(self.body_timeout, keeping_up - now), self._body_expired)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -190,7 +205,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _body_expired(self) -> None:
         self._timer = None
         if self.flow.read_paused:
-            # The app has not asked for more yet: the wait is not the client's.
+            # The app has not asked for more yet: the wait is not the client's, and neither
+            # is the fall in its rate.
+            self._body_started = self.loop.time()
+            self._body_bytes = 0
             self._arm(self.body_timeout, self._body_expired)
             return
         # The app is reading this body: closing tells it the body was cut short, and it

@@ -30,7 +30,12 @@ misbehaviour through body fields the gateway passes through untouched:
     fake_model        the model an answer names, as a llama-server without --alias names
                       its weights file (default: the model it was sent)
 
-GET /fake/stats reports requests seen, streams whose client went away, and models seen.
+A stream waits for room in the socket before each event, as the servers real engines run
+on do (uvicorn for vLLM, cpp-httplib's blocking writes for llama.cpp): a gateway that
+stops reading holds the engine back, and `streamed_bytes` shows how far it got.
+
+GET /fake/stats reports requests seen, streams whose client went away, models seen, and
+the bytes of stream events written.
 POST /fake/health with {"status": 503} changes what GET /health answers from then on.
 """
 
@@ -66,6 +71,7 @@ class Engine:
         self.disconnects = 0
         self.open = 0  # connections open now: what a test checks the gateway did not leak
         self.models_seen: list[str] = []
+        self.streamed_bytes = 0
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -73,6 +79,7 @@ class Engine:
             "requests": self.requests,
             "disconnects": self.disconnects,
             "open": self.open,
+            "streamed_bytes": self.streamed_bytes,
             "models_seen": self.models_seen[-50:],
         }
 
@@ -87,6 +94,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.queue: list[tuple[str, bytes, bytes]] = []
         self.busy = False
+        self.writable = asyncio.Event()
+        self.writable.set()
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -96,6 +105,13 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.engine.open -= 1
+        self.writable.set()  # a stream waiting for room learns the reader has gone
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
 
     def _reset(self) -> None:
         # SO_LINGER 0 makes close() send a RST instead of a FIN: the peer sees
@@ -274,6 +290,7 @@ class _Connection(asyncio.Protocol):
         for i in range(chunks):
             if i and pause:
                 await asyncio.sleep(pause)
+            await self.writable.wait()
             if self.closed:
                 self.engine.disconnects += 1
                 return
@@ -283,6 +300,7 @@ class _Connection(asyncio.Protocol):
             data = _chunk(kind, model, self.engine.name, i, padding)
             event = b"data: " + json.dumps(data).encode() + b"\n\n"
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.engine.streamed_bytes += len(event)
         options = request.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage"):
             # As vLLM does: one last event, with no choices, carrying the usage.
