@@ -12,7 +12,8 @@ app's, so they live in the protocol the worker runs:
     body                       at most LLMGW_BODY_TIMEOUT without a byte, and past that time
                                at least BODY_MIN_RATE bytes a second on average: else the
                                connection closed
-    connections per worker     LLMGW_MAX_CONNECTIONS: past it, uvicorn answers 503
+    connections per worker     LLMGW_MAX_CONNECTIONS: past it, a request is answered 503 and
+                               its connection closed
     an answer the client stops reading: once the socket's buffer is full, LLMGW_CHUNK_TIMEOUT
                                without room for more: the connection dropped
 
@@ -94,6 +95,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout = 10.0
     body_timeout = 30.0
     write_timeout = 60.0
+    max_connections = 4096
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -162,7 +164,17 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._body_started = self.loop.time()
         self._body_bytes = 0
         self._arm(self.body_timeout, self._body_expired)
-        super().on_headers_complete()
+        if len(self.connections) > self.max_connections or len(self.tasks) >= self.max_connections:
+            # uvicorn's own cap (limit_concurrency) answers a bare "Service Unavailable": a
+            # client could not tell what to do about it. The request runs as any other, with
+            # the refusal for its app.
+            app, self.app = self.app, self._at_capacity
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+        else:
+            super().on_headers_complete()
         if self.cycle is not None:
             # Before the app runs: uvicorn only starts its task here, and runs it later.
             self.cycle.scope[GONE] = ClientGone()  # type: ignore[literal-required]
@@ -215,6 +227,25 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # answers (to no one) and logs that.
         self.transport.close()
 
+    async def _at_capacity(self, scope: Any, receive: Any, send: Any) -> None:
+        log.warning(
+            "refused a request: this worker has its limit of %d connections open (LLMGW_MAX_CONNECTIONS)",
+            self.max_connections,
+        )
+        body = (
+            f"This gateway worker has its limit of {self.max_connections} connections open "
+            "(LLMGW_MAX_CONNECTIONS); retry in a moment, on a new connection."
+        ).encode("ascii")
+        headers = [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", b"%d" % len(body)),
+            (b"retry-after", b"1"),
+            (b"connection", b"close"),
+            (b"x-content-type-options", b"nosniff"),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
     def _answer_and_close(self, status: int, message: str) -> None:
         if self.transport.is_closing():
             return
@@ -250,6 +281,7 @@ def limited_protocol(settings: Settings) -> type[LimitedHttpToolsProtocol]:
             "header_timeout": settings.header_timeout,
             "body_timeout": settings.body_timeout,
             "write_timeout": settings.chunk_timeout,
+            "max_connections": settings.max_connections,
         },
     )
 
@@ -262,6 +294,5 @@ class Worker(UvicornWorker):  # type: ignore[misc]
         self.CONFIG_KWARGS = {
             **UvicornWorker.CONFIG_KWARGS,
             "http": limited_protocol(settings),
-            "limit_concurrency": settings.max_connections,
         }
         super().__init__(*args, **kwargs)

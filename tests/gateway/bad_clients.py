@@ -166,42 +166,51 @@ HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 async def ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes = HEALTHZ) -> int:
     """Send one request on a kept-alive connection; the status of its answer, read whole
     (0 if the server hung up instead)."""
+    status, _ = await answer_to(reader, writer, request)
+    return status
+
+
+async def answer_to(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes = HEALTHZ
+) -> tuple[int, bytes]:
+    """Send one request on a kept-alive connection: its answer's status and body."""
     writer.write(request)
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except (asyncio.IncompleteReadError, OSError):
-        return 0
+        return 0, b""
     length = 0
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             length = int(value)
-    await reader.readexactly(length)
-    return int(head.split(b" ", 2)[1])
+    return int(head.split(b" ", 2)[1]), await reader.readexactly(length)
 
 
 @dataclass
 class Idle:
     connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
     statuses: dict[int, int]  # status of each one's request → how many
+    refusal: bytes  # the body of the last answer that was not a 200
 
 
 async def hold_idle(url: str, count: int, batch: int = 500) -> Idle:
     """`count` connections, each with one request answered and then left open, idle.
     Opened a batch at a time: all at once would overflow the listen backlog, and the
     kernel would retry the dropped handshakes a second later."""
-    connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-    statuses: dict[int, int] = {}
+    idle = Idle([], {}, b"")
 
     async def one() -> None:
         reader, writer = await asyncio.open_connection(*address(url))
-        status = await ask(reader, writer)
-        statuses[status] = statuses.get(status, 0) + 1
-        connections.append((reader, writer))
+        status, body = await answer_to(reader, writer)
+        idle.statuses[status] = idle.statuses.get(status, 0) + 1
+        if status != 200:
+            idle.refusal = body
+        idle.connections.append((reader, writer))
 
     for start in range(0, count, batch):
         await asyncio.gather(*(one() for _ in range(min(batch, count - start))))
-    return Idle(connections, statuses)
+    return idle
 
 
 def close_all(idle: Idle) -> None:

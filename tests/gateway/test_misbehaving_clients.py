@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from bad_clients import (
+    Idle,
     SlowRead,
     ask,
     close_all,
@@ -99,8 +100,8 @@ def test_a_slow_reader_holds_the_engine_back(slow: SlowRead) -> None:
 def test_headers_sent_a_byte_a_second_are_cut_off_at_the_header_timeout(gw: Gateway) -> None:
     head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100 + b"\r\n\r\n"
     answer, waited = asyncio.run(trickle(gw.url, head, limit=HEADER_TIMEOUT + 10))
-    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
     assert waited < HEADER_TIMEOUT + 2, f"headers trickled a byte a second held a connection {waited:.1f}s"
+    assert answer.startswith(b"HTTP/1.1 408 "), f"cut off with {answer[:200]!r}, not a 408 saying why"
 
 
 def test_a_body_sent_a_byte_a_second_is_cut_off_and_reaches_no_engine(gw: Gateway, engine_a: Engine) -> None:
@@ -199,16 +200,18 @@ def test_connections_past_each_workers_cap_are_answered_503_and_not_held(capped:
     pids = capped.worker_pids()
     baseline = {pid: open_fds(pid) for pid in pids}
 
-    async def run() -> tuple[dict[int, int], dict[int, int]]:
+    async def run() -> tuple[Idle, dict[int, int]]:
         idle = await hold_idle(capped.url, 3 * CAP)
         try:
             await asyncio.sleep(0.5)  # the refused ones closed by the workers
-            return idle.statuses, {pid: open_fds(pid) - baseline[pid] for pid in pids}
+            return idle, {pid: open_fds(pid) - baseline[pid] for pid in pids}
         finally:
             close_all(idle)
 
-    statuses, held = asyncio.run(run())
+    idle, held = asyncio.run(run())
+    statuses = idle.statuses
     assert set(statuses) <= {200, 503}, f"past the cap, answers other than 200 or 503: {statuses}"
     assert statuses.get(503), f"{3 * CAP} connections to 2 workers capped at {CAP} were all served"
+    assert b"LLMGW_MAX_CONNECTIONS" in idle.refusal, f"a refused client was told only {idle.refusal!r}"
     over = {pid: n for pid, n in held.items() if n > CAP}
     assert not over, f"workers held more connections than LLMGW_MAX_CONNECTIONS={CAP}: {over}"
