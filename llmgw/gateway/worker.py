@@ -45,28 +45,40 @@ class _Refused(Exception):
     """Raised in a parser callback to stop parsing a request that is over a limit."""
 
 
+# asyncio's and uvloop's default high-water mark for a transport's write buffer.
+_CORK_LIMIT = 65536
+
+
 class _Corked:
     """A connection's transport that joins the writes of one turn of the event loop into one
     send. uvicorn writes a response's headers and then each part of its body as it gets them,
     and each write was a system call of its own: for a short JSON answer, two where one does.
-    Whatever is written goes out at the end of the turn, or at `close`.
+    Whatever is written goes out at the end of the turn, at `close`, or once past _CORK_LIMIT.
     """
 
-    __slots__ = ("_real", "_loop", "_pending")
+    __slots__ = ("_real", "_loop", "_pending", "_size")
 
     def __init__(self, real: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._real = real
         self._loop = loop
         self._pending: list[bytes] | None = None
+        self._size = 0
 
     def write(self, data: bytes) -> None:
         if not data:
             return
         if self._pending is None:
             self._pending = [data]
+            self._size = len(data)
             self._loop.call_soon(self._flush)
         else:
             self._pending.append(data)
+            self._size += len(data)
+        if self._size > _CORK_LIMIT:
+            # The server pauses a response when the transport's buffer fills, and the
+            # transport sees nothing held here: a stream for a slow reader moved the engine
+            # connection's whole queue (1 MiB) here in one turn, doubling what it held.
+            self._flush()
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, None
