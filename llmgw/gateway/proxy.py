@@ -42,7 +42,7 @@ from llmgw.gateway.health import Health
 from llmgw.gateway.limits import Limiter
 from llmgw.gateway.outlier import Outliers, RetryBudget
 from llmgw.gateway.rename import EventRename, JsonRename
-from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, prefix_key
+from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, InFlight, Model, Replica, prefix_key
 from llmgw.gateway.usage import Meter, prompt_estimate
 
 log = logging.getLogger("llmgw.gateway")
@@ -259,7 +259,7 @@ class Proxy:
                         continue
                     # A second engine failed the same request: the request is the cause.
                     # The client gets the first engine's own words, and no replica is marked.
-                    replica.inflight -= 1
+                    answer.release()
                     break
                 if faulted is not None:
                     self._blame(model, faulted, replica)
@@ -270,7 +270,7 @@ class Proxy:
                 return answer
         except BaseException:
             if faulted is not None:
-                faulted.replica.inflight -= 1
+                faulted.release()
             raise
         if faulted is not None:
             # Failed everywhere it was tried (perhaps its one replica): the engine's own
@@ -298,19 +298,16 @@ class Proxy:
     async def _ask(
         self, model: Model, replica: Replica, outgoing: httpx.Request, watch: Disconnect
     ) -> Answer | str:
-        """One replica's answer (counted in flight until it is done with), or why the
+        """One replica's answer (counted in flight until it is released), or why the
         replica did not take the request; ApiError when no other replica may be tried."""
-        replica.inflight += 1
         try:
             answer = await self._attempt(outgoing, replica, watch)
         except _NOT_TAKEN as exc:
-            replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
             self.outliers.failed(model, replica, f"request failed: {type(exc).__name__}")
             return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
         except (TimeoutError, httpx.TimeoutException):
-            replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
             self.outliers.failed(model, replica, f"no first byte within {self.first_byte_timeout:g}s")
             raise ApiError(
@@ -322,18 +319,16 @@ class Proxy:
                 code="upstream_timeout",
             ) from None
         except httpx.HTTPError as exc:
-            replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
             return f"{replica.endpoint} failed ({type(exc).__name__})"
         except asyncio.CancelledError:
-            replica.inflight -= 1
             if watch.absorb():
                 raise ApiError(CLIENT_GONE, "client went away") from None
             raise
         status = answer.upstream.status_code
         if status in _REPLICA_TROUBLE:
             await answer.upstream.aclose()
-            replica.inflight -= 1
+            answer.release()
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
             self.health.failed(replica, f"answered {status}")
             self.outliers.failed(model, replica, f"answered {status}")
@@ -343,7 +338,7 @@ class Proxy:
     async def _refuse_too_large(self, answer: Answer, watch: Disconnect, length: int) -> None:
         # Said before a byte of it is sent: the client gets a clean error, not a cut body.
         watch.stop()
-        answer.replica.inflight -= 1
+        answer.release()
         await answer.upstream.aclose()
         metrics.UPSTREAM_ERRORS.labels(answer.replica.endpoint, "too_large").inc()
         raise ApiError(
@@ -361,7 +356,7 @@ class Proxy:
         Only then: any 5xx once counted against a replica, and six requests whose content
         made the engine fail took a healthy replica out of rotation for everyone.
         """
-        faulted.replica.inflight -= 1
+        faulted.release()
         status = faulted.upstream.status_code
         why = f"answered {status} to a request {other.endpoint} answered"
         self.health.failed(faulted.replica, why)
@@ -369,31 +364,37 @@ class Proxy:
 
     async def _attempt(self, outgoing: httpx.Request, replica: Replica, watch: Disconnect) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
-        here, within one first-byte allowance for the headers and that byte together."""
+        here, within one first-byte allowance for the headers and that byte together.
+
+        The request is counted in flight to the replica from here on: the answer holds the
+        count, and if there is no answer, the count is given back before the error leaves.
+        """
         upstream: httpx.Response | None = None
         watch.waiting = True
+        hold = replica.hold()
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.client.send(outgoing, stream=True)
                 chunks = upstream.aiter_raw()
                 if upstream.status_code in _REPLICA_TROUBLE:
-                    return Answer(upstream, replica, chunks, b"")  # not read: it is retried
+                    return Answer(upstream, hold, chunks, b"")  # not read: it is retried
                 if upstream.status_code >= 500:
                     # Read whole, in case it is passed on: whether it is, only the next
                     # replica's answer can tell.
                     error = await _read_error(chunks)
                     await upstream.aclose()
-                    return Answer(upstream, replica, _nothing(), error)
+                    return Answer(upstream, hold, _nothing(), error)
                 first = await anext(chunks, b"")
         except BaseException:
             watch.waiting = False
+            hold.release()
             if upstream is not None:
                 # Unfinished: closing drops the connection, so the engine stops working on it.
                 await upstream.aclose()
             raise
         finally:
             watch.waiting = False
-        return Answer(upstream, replica, chunks, first)
+        return Answer(upstream, hold, chunks, first)
 
 
 async def _read_error(chunks: AsyncIterator[bytes]) -> bytes:
@@ -419,15 +420,20 @@ class AnswerCut(Exception):
 class Answer:
     """A replica's answer whose first body bytes are in hand: what may go to the client."""
 
-    __slots__ = ("upstream", "replica", "chunks", "first")
+    __slots__ = ("upstream", "hold", "replica", "chunks", "first")
 
     def __init__(
-        self, upstream: httpx.Response, replica: Replica, chunks: AsyncIterator[bytes], first: bytes
+        self, upstream: httpx.Response, hold: InFlight, chunks: AsyncIterator[bytes], first: bytes
     ) -> None:
         self.upstream = upstream
-        self.replica = replica
+        self.hold = hold
+        self.replica = hold.replica
         self.chunks = chunks
         self.first = first
+
+    def release(self) -> None:
+        """Its replica is done with: once, however many paths end the answer."""
+        self.hold.release()
 
 
 class Relay:
@@ -451,6 +457,7 @@ class Relay:
         self.meter = meter
         self.req = req
         self.upstream = answer.upstream
+        self.answer = answer
         self.replica = answer.replica
         self.watch = watch
         self.chunks = answer.chunks
@@ -561,7 +568,7 @@ class Relay:
                 self.replica.endpoint,
             )
         self.watch.stop()
-        self.replica.inflight -= 1
+        self.answer.release()
         try:
             # Closing an unfinished answer drops the connection: that is what tells the
             # engine to stop generating.
