@@ -11,13 +11,15 @@ Nothing here prints; `llmgw.report.diff_formats` turns a PlanDiff into text, mar
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
 
 from llmgw.errors import PlanError
-from llmgw.plan import read_plan, read_previous
+from llmgw.plan import Plan, PlanModel, PlanNode, PlanProfile, PlanReplica, PlanWarning, read_previous
 
 Action = Literal["add", "change", "remove"]
 ReplicaAction = Literal["add", "remove", "move", "change"]
@@ -52,6 +54,7 @@ NODE_FIELDS = ("address", "memory_gb", "gpus", "gpu_memory_gb", "labels", "engin
 
 _ACTION_ORDER: dict[str, int] = {"add": 0, "change": 1, "remove": 2}
 _KIND_ORDER: dict[str, int] = {"model": 0, "node": 1}
+_Named = TypeVar("_Named", PlanModel, PlanNode)
 
 
 @dataclass(frozen=True)
@@ -125,31 +128,28 @@ class PlanDiff:
         return bool(self.changes)
 
 
-EMPTY_PLAN: dict[str, Any] = {"models": [], "nodes": []}
-
-
-def diff_plans(old: dict[str, Any], new: dict[str, Any]) -> PlanDiff:
-    """Everything deploying `new` over `old` changes; `old` may be EMPTY_PLAN (first deploy)."""
+def diff_plans(old: Plan | None, new: Plan) -> PlanDiff:
+    """Everything deploying `new` over `old` changes; `old` is None when nothing is deployed yet."""
     changes = [
-        *_diff_named(old.get("models", []), new.get("models", []), "model", _diff_model),
-        *_diff_named(old.get("nodes", []), new.get("nodes", []), "node", _diff_node),
+        *_diff_named(old.models if old else (), new.models, "model", _model_facts, _diff_model),
+        *_diff_named(old.nodes if old else (), new.nodes, "node", _node_facts, _diff_node),
     ]
     changes.sort(key=lambda c: (_ACTION_ORDER[c.action], _KIND_ORDER[c.kind], c.name))
-    return PlanDiff(old.get("digest"), new.get("digest"), tuple(changes))
+    return PlanDiff(old.digest if old else None, new.digest, tuple(changes))
 
 
 def _diff_named(
-    old: Sequence[dict[str, Any]],
-    new: Sequence[dict[str, Any]],
+    old: Sequence[_Named],
+    new: Sequence[_Named],
     kind: Literal["model", "node"],
-    diff_one: Any,
+    facts: Callable[[_Named], dict[str, Any]],
+    diff_one: Callable[[_Named, _Named], ResourceChange | None],
 ) -> Iterable[ResourceChange]:
-    before = {item["name"]: item for item in old}
-    after = {item["name"]: item for item in new}
-    facts = _model_facts if kind == "model" else _node_facts
+    before = {item.name: item for item in old}
+    after = {item.name: item for item in new}
     for name in sorted(after.keys() - before.keys()):
         added = after[name]
-        replicas = _replicas_of_added(added) if kind == "model" else ()
+        replicas = _replicas_of_added(added) if isinstance(added, PlanModel) else ()
         yield ResourceChange(kind, name, "add", facts=facts(added), replicas=replicas)
     for name in sorted(before.keys() - after.keys()):
         yield ResourceChange(kind, name, "remove", facts=facts(before[name]))
@@ -159,62 +159,65 @@ def _diff_named(
             yield change
 
 
-def _model_facts(model: dict[str, Any]) -> dict[str, Any]:
-    placed = sum(len(p.get("replicas", [])) for p in model.get("profiles", []))
-    return {"task": model.get("task"), "replicas": placed}
+def _model_facts(model: PlanModel) -> dict[str, Any]:
+    placed = sum(len(p.replicas) for p in model.profiles)
+    return {"task": model.task, "replicas": placed}
 
 
-def _node_facts(node: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "address": node.get("address"),
-        "memory_gb": node.get("memory_gb"),
-        "gpus": node.get("gpus", 0),
-    }
+def _node_facts(node: PlanNode) -> dict[str, Any]:
+    return {"address": node.address, "memory_gb": node.memory_gb, "gpus": node.gpus}
 
 
-def _replicas_of_added(model: dict[str, Any]) -> tuple[ReplicaChange, ...]:
+def _replicas_of_added(model: PlanModel) -> tuple[ReplicaChange, ...]:
     return tuple(
-        ReplicaChange("add", p["name"], i, node_after=r.get("node"), endpoint_after=r["endpoint"])
-        for p in model.get("profiles", [])
-        for i, r in enumerate(p.get("replicas", []), start=1)
+        ReplicaChange("add", p.name, i, node_after=r.node, endpoint_after=r.endpoint)
+        for p in model.profiles
+        for i, r in enumerate(p.replicas, start=1)
     )
+
+
+def _as_written(value: Any) -> Any:
+    """A field's value as the plan's JSON holds it (lists, objects), which the reports print."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_defaults=True)
+    if isinstance(value, tuple):
+        return [_as_written(v) for v in value]
+    return value
+
+
+def _fields_of(part: BaseModel, names: Iterable[str]) -> dict[str, Any]:
+    return {name: _as_written(getattr(part, name)) for name in names}
 
 
 def _diff_fields(
     old: dict[str, Any], new: dict[str, Any], names: Iterable[str], profile: str | None = None
 ) -> list[FieldChange]:
-    return [
-        FieldChange(name, old.get(name), new.get(name), profile)
-        for name in names
-        if old.get(name) != new.get(name)
-    ]
+    return [FieldChange(name, old[name], new[name], profile) for name in names if old[name] != new[name]]
 
 
-def _diff_model(old: dict[str, Any], new: dict[str, Any]) -> ResourceChange | None:
-    fields = _diff_fields(old, new, MODEL_FIELDS)
+def _diff_model(old: PlanModel, new: PlanModel) -> ResourceChange | None:
+    fields = _diff_fields(_fields_of(old, MODEL_FIELDS), _fields_of(new, MODEL_FIELDS), MODEL_FIELDS)
     profiles: list[ProfileChange] = []
     replicas: list[ReplicaChange] = []
-    old_profiles = {p["name"]: p for p in old.get("profiles", [])}
-    new_profiles = {p["name"]: p for p in new.get("profiles", [])}
-    for p in new.get("profiles", []):
-        if p["name"] not in old_profiles:
-            profiles.append(ProfileChange("add", p["name"], p["engine"], p.get("external", False)))
-            replicas.extend(_diff_replicas(p["name"], [], p.get("replicas", [])))
+    old_profiles = {p.name: p for p in old.profiles}
+    new_profiles = {p.name: p for p in new.profiles}
+    for p in new.profiles:
+        before = old_profiles.get(p.name)
+        if before is None:
+            profiles.append(ProfileChange("add", p.name, p.engine, p.external))
+            replicas.extend(_diff_replicas(p.name, (), p.replicas))
             continue
-        before = _flat_profile(old_profiles[p["name"]])
-        fields.extend(_diff_fields(before, _flat_profile(p), PROFILE_FIELDS, profile=p["name"]))
-        replicas.extend(
-            _diff_replicas(p["name"], old_profiles[p["name"]].get("replicas", []), p.get("replicas", []))
-        )
-    for p in old.get("profiles", []):
-        if p["name"] not in new_profiles:
-            profiles.append(ProfileChange("remove", p["name"], p["engine"], p.get("external", False)))
-    warnings = _diff_warnings(old.get("warnings", []), new.get("warnings", []))
+        fields.extend(_diff_fields(_flat_profile(before), _flat_profile(p), PROFILE_FIELDS, profile=p.name))
+        replicas.extend(_diff_replicas(p.name, before.replicas, p.replicas))
+    for p in old.profiles:
+        if p.name not in new_profiles:
+            profiles.append(ProfileChange("remove", p.name, p.engine, p.external))
+    warnings = _diff_warnings(old.warnings, new.warnings)
     if not (fields or profiles or replicas or warnings):
         return None
     return ResourceChange(
         "model",
-        new["name"],
+        new.name,
         "change",
         facts=_model_facts(new),
         fields=tuple(fields),
@@ -224,19 +227,17 @@ def _diff_model(old: dict[str, Any], new: dict[str, Any]) -> ResourceChange | No
     )
 
 
-def _flat_profile(profile: dict[str, Any]) -> dict[str, Any]:
+def _flat_profile(profile: PlanProfile) -> dict[str, Any]:
     # The memory basis is prose about how a figure was reached; only the figure and whether
     # it was declared or estimated change what gets placed.
-    flat = {k: v for k, v in profile.items() if k not in ("memory", "replicas", "name")}
-    memory = profile.get("memory")
-    if memory is not None:
-        flat["memory_gb"] = memory.get("gb")
-        flat["memory_source"] = memory.get("source")
+    flat = _fields_of(profile, (f for f in PROFILE_FIELDS if not f.startswith("memory_")))
+    flat["memory_gb"] = profile.memory.gb if profile.memory else None
+    flat["memory_source"] = profile.memory.source if profile.memory else None
     return flat
 
 
 def _diff_replicas(
-    profile: str, old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]
+    profile: str, old: Sequence[PlanReplica], new: Sequence[PlanReplica]
 ) -> list[ReplicaChange]:
     """Pair old and new replicas so that a replica that kept its endpoint is no change.
 
@@ -247,7 +248,7 @@ def _diff_replicas(
     new_left = list(range(len(new)))
     pairs: list[tuple[int, int]] = []
 
-    def pair_by(same: Any) -> None:
+    def pair_by(same: Callable[[PlanReplica, PlanReplica], bool]) -> None:
         for j in list(new_left):
             for i in old_left:
                 if same(old[i], new[j]):
@@ -256,8 +257,8 @@ def _diff_replicas(
                     new_left.remove(j)
                     break
 
-    pair_by(lambda a, b: a["endpoint"] == b["endpoint"])
-    pair_by(lambda a, b: a.get("node") is not None and a.get("node") == b.get("node"))
+    pair_by(lambda a, b: a.endpoint == b.endpoint)
+    pair_by(lambda a, b: a.node is not None and a.node == b.node)
     in_order = min(len(old_left), len(new_left))
     pairs.extend(zip(old_left[:in_order], new_left[:in_order], strict=True))
     old_rest, new_rest = old_left[in_order:], new_left[in_order:]
@@ -265,75 +266,62 @@ def _diff_replicas(
     changes: list[ReplicaChange] = []
     for i, j in sorted(pairs, key=lambda p: p[1]):
         a, b = old[i], new[j]
-        if a["endpoint"] == b["endpoint"] and a.get("node") == b.get("node"):
+        if a.endpoint == b.endpoint and a.node == b.node:
             continue
-        moved = a.get("node") != b.get("node")
         changes.append(
             ReplicaChange(
-                "move" if moved else "change",
+                "move" if a.node != b.node else "change",
                 profile,
                 j + 1,
-                node_before=a.get("node"),
-                node_after=b.get("node"),
-                endpoint_before=a["endpoint"],
-                endpoint_after=b["endpoint"],
+                node_before=a.node,
+                node_after=b.node,
+                endpoint_before=a.endpoint,
+                endpoint_after=b.endpoint,
             )
         )
     for j in new_rest:
         changes.append(
-            ReplicaChange(
-                "add",
-                profile,
-                j + 1,
-                node_after=new[j].get("node"),
-                endpoint_after=new[j]["endpoint"],
-            )
+            ReplicaChange("add", profile, j + 1, node_after=new[j].node, endpoint_after=new[j].endpoint)
         )
     for i in old_rest:
         changes.append(
-            ReplicaChange(
-                "remove",
-                profile,
-                i + 1,
-                node_before=old[i].get("node"),
-                endpoint_before=old[i]["endpoint"],
-            )
+            ReplicaChange("remove", profile, i + 1, node_before=old[i].node, endpoint_before=old[i].endpoint)
         )
     return changes
 
 
-def _diff_warnings(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> tuple[WarningChange, ...]:
-    before = {(w["rule"], w["message"]) for w in old}
-    after = {(w["rule"], w["message"]) for w in new}
+def _diff_warnings(old: Sequence[PlanWarning], new: Sequence[PlanWarning]) -> tuple[WarningChange, ...]:
+    before = {(w.rule, w.message) for w in old}
+    after = {(w.rule, w.message) for w in new}
     return (
         *(WarningChange("add", r, m) for r, m in sorted(after - before)),
         *(WarningChange("remove", r, m) for r, m in sorted(before - after)),
     )
 
 
-def _diff_node(old: dict[str, Any], new: dict[str, Any]) -> ResourceChange | None:
-    fields = _diff_fields(old, new, NODE_FIELDS)
+def _diff_node(old: PlanNode, new: PlanNode) -> ResourceChange | None:
+    fields = _diff_fields(_fields_of(old, NODE_FIELDS), _fields_of(new, NODE_FIELDS), NODE_FIELDS)
     if not fields:
         return None
-    return ResourceChange("node", new["name"], "change", facts=_node_facts(new), fields=tuple(fields))
+    return ResourceChange("node", new.name, "change", facts=_node_facts(new), fields=tuple(fields))
 
 
-def read_side(path: Path | str) -> dict[str, Any]:
+def read_side(path: Path | str) -> Plan | None:
     """Read the old side of a diff; an empty file (such as /dev/null) stands for no plan.
 
     The first pull request that adds a catalogue has no base plan, and the first deploy
     has no deployed one: both are "everything is added", not an error. The new side is
     always a plan: an empty one there means a plan step failed, not "remove everything".
     """
-    previous = read_previous(path)
-    return previous.doc if previous is not None else EMPTY_PLAN
+    return read_previous(path)
 
 
-def read_new_side(path: Path | str) -> dict[str, Any]:
+def read_new_side(path: Path | str) -> Plan:
     """Read the new side of a diff: always a plan, so an empty file is a failed plan step."""
-    if read_previous(path) is None:
+    plan = read_previous(path)
+    if plan is None:
         raise PlanError(
             f"the new plan {path} is empty, so a plan step failed (llmgw plan writes nothing "
             "when lint finds errors); fix what that step reported, then diff the plan it writes."
         )
-    return read_plan(path).doc
+    return plan

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # the gateway imports this module, and must not pull in the c
     from llmgw.place import Slot
     from llmgw.rules import Entry
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION: Literal["1"] = "1"
 
 
 def canonical_json(doc: Any) -> bytes:
@@ -442,5 +443,42 @@ class Plan(_Part):
         """The document as written, for writing it on unchanged (its bytes and digest)."""
         return self._doc
 
+    def document(self) -> dict[str, Any]:
+        """The document these objects stand for, keyed as `llmgw plan` writes it.
+
+        Every field with a default is one the compiler leaves out when it does not apply (no
+        description, a CPU replica's gpu_ids), so a default is written as no key at all.
+        """
+        return self.model_dump(mode="json", exclude_defaults=True)
+
     def node(self, name: str) -> PlanNode | None:
         return next((n for n in self.nodes if n.name == name), None)
+
+
+def assemble_plan(
+    models: Iterable[PlanModel],
+    nodes: Iterable[PlanNode] = (),
+    *,
+    inputs: Inputs,
+    target: Target | None = None,
+) -> Plan:
+    """A checked plan made of typed parts, in the order given, its digest filled in as
+    `build_plan` fills it.
+
+    For a plan that placement cannot produce, such as a test's engine listening on a port the
+    OS picked: built from the same types every reader gets, a renamed field fails the type
+    check here rather than a reader at run time, and the schema check refuses anything that
+    `llmgw plan` could not have written.
+    """
+    draft = Plan(
+        format_version=FORMAT_VERSION,
+        digest="",
+        generated_by=GeneratedBy(tool="llmgw", version=__version__),
+        inputs=inputs,
+        target=target,
+        nodes=tuple(nodes),
+        models=tuple(models),
+    )
+    doc = draft.document()
+    doc["digest"] = plan_digest(doc)
+    return Plan.of(check_plan(doc))

@@ -42,7 +42,7 @@ from llmgw.gateway.health import Health
 from llmgw.gateway.limits import Limiter
 from llmgw.gateway.outlier import Outliers, RetryBudget
 from llmgw.gateway.rename import EventRename, JsonRename
-from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model, Replica, prefix_key
+from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, InFlight, Model, Replica, prefix_key
 from llmgw.gateway.upstream import Reply, Upstream
 from llmgw.gateway.usage import Meter, prompt_estimate
 
@@ -211,34 +211,42 @@ class Proxy:
         except BaseException:
             watch.stop()
             raise
-        ctx.replica = answer.replica.endpoint
-        upstream = answer.upstream
-        length = upstream.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_response:
-            await self._refuse_too_large(answer, watch, int(length))
-        ctx.streaming = True
-        resp.status = upstream.status_code
-        if window is not None:
-            resp.set_headers(window.headers())
-        # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
-        # would have a browser render its bytes as a page of this gateway's origin.
-        rename: EventRename | JsonRename
-        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            resp.content_type = "text/event-stream"
-            # Its first event is in hand (`_open` timed it): that is the first token.
-            metrics.FIRST_TOKEN.labels(model.name).observe(ctx.ttfb)
-            rename = EventRename(requested, meter)
-            answer.first = rename.feed(answer.first)
-        else:
-            resp.content_type = falcon.MEDIA_JSON
-            rename = JsonRename(requested)
-            answer.first = rename.feed(answer.first)
-            meter.part(answer.first)
-            meter.whole = True
+        try:
+            ctx.replica = answer.replica.endpoint
+            upstream = answer.upstream
             length = upstream.headers.get("content-length")
-            if rename.done and length is not None and length.isdigit():
-                resp.content_length = int(length) + rename.growth
-        resp.stream = Relay(self, req, answer, watch, rename, meter)
+            if length is not None and length.isdigit() and int(length) > self.max_response:
+                await self._refuse_too_large(answer, watch, int(length))
+            ctx.streaming = True
+            resp.status = upstream.status_code
+            if window is not None:
+                resp.set_headers(window.headers())
+            # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
+            # would have a browser render its bytes as a page of this gateway's origin.
+            rename: EventRename | JsonRename
+            if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                resp.content_type = "text/event-stream"
+                # Its first event is in hand (`_open` timed it): that is the first token.
+                metrics.FIRST_TOKEN.labels(model.name).observe(ctx.ttfb)
+                rename = EventRename(requested, meter)
+                answer.first = rename.feed(answer.first)
+            else:
+                resp.content_type = falcon.MEDIA_JSON
+                rename = JsonRename(requested)
+                answer.first = rename.feed(answer.first)
+                meter.part(answer.first)
+                meter.whole = True
+                length = upstream.headers.get("content-length")
+                if rename.done and length is not None and length.isdigit():
+                    resp.content_length = int(length) + rename.growth
+            resp.stream = Relay(self, req, answer, watch, rename, meter)
+        except BaseException:
+            # Until the Relay owns the answer, the replica's count and the engine's
+            # connection are ours to give back.
+            watch.stop()
+            answer.release()
+            await answer.upstream.aclose()
+            raise
 
     async def _open(
         self,
@@ -297,7 +305,7 @@ class Proxy:
                         continue
                     # A second engine failed the same request: the request is the cause.
                     # The client gets the first engine's own words, and no replica is marked.
-                    replica.inflight -= 1
+                    answer.release()
                     break
                 if faulted is not None:
                     self._blame(model, faulted, replica)
@@ -308,7 +316,7 @@ class Proxy:
                 return answer
         except BaseException:
             if faulted is not None:
-                faulted.replica.inflight -= 1
+                faulted.release()
             raise
         if faulted is not None:
             # Failed everywhere it was tried (perhaps its one replica): the engine's own
@@ -336,19 +344,16 @@ class Proxy:
     async def _ask(
         self, model: Model, replica: Replica, outgoing: Outgoing, watch: Disconnect
     ) -> Answer | str:
-        """One replica's answer (counted in flight until it is done with), or why the
+        """One replica's answer (counted in flight until it is released), or why the
         replica did not take the request; ApiError when no other replica may be tried."""
-        replica.inflight += 1
         try:
             answer = await self._attempt(outgoing, replica, watch)
         except _NOT_TAKEN as exc:
-            replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
             self.outliers.failed(model, replica, f"request failed: {type(exc).__name__}")
             return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
         except (TimeoutError, httpx.TimeoutException):
-            replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
             self.outliers.failed(model, replica, f"no first byte within {self.first_byte_timeout:g}s")
             raise ApiError(
@@ -360,18 +365,16 @@ class Proxy:
                 code="upstream_timeout",
             ) from None
         except httpx.HTTPError as exc:
-            replica.inflight -= 1
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
             return f"{replica.endpoint} failed ({type(exc).__name__})"
         except asyncio.CancelledError:
-            replica.inflight -= 1
             if watch.absorb():
                 raise ApiError(CLIENT_GONE, "client went away") from None
             raise
         status = answer.upstream.status_code
         if status in _REPLICA_TROUBLE:
             await answer.upstream.aclose()
-            replica.inflight -= 1
+            answer.release()
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
             self.health.failed(replica, f"answered {status}")
             self.outliers.failed(model, replica, f"answered {status}")
@@ -381,7 +384,7 @@ class Proxy:
     async def _refuse_too_large(self, answer: Answer, watch: Disconnect, length: int) -> None:
         # Said before a byte of it is sent: the client gets a clean error, not a cut body.
         watch.stop()
-        answer.replica.inflight -= 1
+        answer.release()
         await answer.upstream.aclose()
         metrics.UPSTREAM_ERRORS.labels(answer.replica.endpoint, "too_large").inc()
         raise ApiError(
@@ -399,7 +402,7 @@ class Proxy:
         Only then: any 5xx once counted against a replica, and six requests whose content
         made the engine fail took a healthy replica out of rotation for everyone.
         """
-        faulted.replica.inflight -= 1
+        faulted.release()
         status = faulted.upstream.status_code
         why = f"answered {status} to a request {other.endpoint} answered"
         self.health.failed(faulted.replica, why)
@@ -407,9 +410,14 @@ class Proxy:
 
     async def _attempt(self, outgoing: Outgoing, replica: Replica, watch: Disconnect) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
-        here, within one first-byte allowance for the headers and that byte together."""
+        here, within one first-byte allowance for the headers and that byte together.
+
+        The request is counted in flight to the replica from here on: the answer holds the
+        count, and if there is no answer, the count is given back before the error leaves.
+        """
         upstream: Reply | httpx.Response | None = None
         watch.waiting = True
+        hold = replica.hold()
         try:
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.upstream.post(
@@ -417,23 +425,24 @@ class Proxy:
                 )
                 chunks = upstream.aiter_raw()
                 if upstream.status_code in _REPLICA_TROUBLE:
-                    return Answer(upstream, replica, chunks, b"")  # not read: it is retried
+                    return Answer(upstream, hold, chunks, b"")  # not read: it is retried
                 if upstream.status_code >= 500:
                     # Read whole, in case it is passed on: whether it is, only the next
                     # replica's answer can tell.
                     error = await _read_error(chunks)
                     await upstream.aclose()
-                    return Answer(upstream, replica, _nothing(), error)
+                    return Answer(upstream, hold, _nothing(), error)
                 first = await anext(chunks, b"")
         except BaseException:
             watch.waiting = False
+            hold.release()
             if upstream is not None:
                 # Unfinished: closing drops the connection, so the engine stops working on it.
                 await upstream.aclose()
             raise
         finally:
             watch.waiting = False
-        return Answer(upstream, replica, chunks, first)
+        return Answer(upstream, hold, chunks, first)
 
 
 class Outgoing:
@@ -470,15 +479,20 @@ class AnswerCut(Exception):
 class Answer:
     """A replica's answer whose first body bytes are in hand: what may go to the client."""
 
-    __slots__ = ("upstream", "replica", "chunks", "first")
+    __slots__ = ("upstream", "hold", "replica", "chunks", "first")
 
     def __init__(
-        self, upstream: Reply | httpx.Response, replica: Replica, chunks: AsyncIterator[bytes], first: bytes
+        self, upstream: Reply | httpx.Response, hold: InFlight, chunks: AsyncIterator[bytes], first: bytes
     ) -> None:
         self.upstream = upstream
-        self.replica = replica
+        self.hold = hold
+        self.replica = hold.replica
         self.chunks = chunks
         self.first = first
+
+    def release(self) -> None:
+        """Its replica is done with: once, however many paths end the answer."""
+        self.hold.release()
 
 
 class Relay:
@@ -502,6 +516,7 @@ class Relay:
         self.meter = meter
         self.req = req
         self.upstream = answer.upstream
+        self.answer = answer
         self.replica = answer.replica
         self.watch = watch
         self.chunks = answer.chunks
@@ -618,7 +633,7 @@ class Relay:
                 self.replica.endpoint,
             )
         self.watch.stop()
-        self.replica.inflight -= 1
+        self.answer.release()
         try:
             # Closing an unfinished answer drops the connection: that is what tells the
             # engine to stop generating.

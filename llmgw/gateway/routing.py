@@ -145,6 +145,10 @@ class Replica:
         self.ejected_until = 0.0
         self.ejections = 0
 
+    def hold(self) -> InFlight:
+        """Count one request in flight here until the hold is released (see InFlight)."""
+        return InFlight(self)
+
     def on_trial(self) -> bool:
         """Its ejection time is over, and no request has succeeded on it since."""
         return bool(self.ejected_until) and time.monotonic() >= self.ejected_until
@@ -157,6 +161,27 @@ class Replica:
         if not self.ejected_until:
             return True
         return self.inflight == 0 and time.monotonic() >= self.ejected_until
+
+
+class InFlight:
+    """One request's place in a replica's in-flight count, and the only writer of that count.
+
+    Counted once when taken and given back once: a second `release()` does nothing, so two
+    paths that both end an answer cannot take it off twice. (When the proxy wrote the count
+    itself, it went up in one place and down in ten, and a new branch had to remember it.)
+    """
+
+    __slots__ = ("replica", "_held")
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self._held = True
+        replica.inflight += 1
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.replica.inflight -= 1
 
 
 @dataclass

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
-import pytest
-
-from llmgw.plan import plan_digest
-from tests.plans import plan_document
+from llmgw.plan import Memory, Plan, PlanModel, PlanProfile, PlanReplica, assemble_plan, parse_plan
+from tests.plans import plan_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,55 +25,57 @@ HOSTILE_DESCRIPTION = (
 
 
 def make_profile(
-    name: str, endpoints: list[str], *, engine: str = "llamacpp", external: bool = False
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "engine": engine,
-        "priority": 100,
-        "weight": 1,
-        "ctx_size": 8192,
-        "args": [],
-        "gpus": 0,
-        "node_selector": {},
-        "memory": {"gb": 6.0, "source": "estimated", "basis": "weights plus KV pool"},
-        "served_name": name,
-        "external": external,
-        "replicas": [{"endpoint": e} for e in endpoints],
-    }
+    name: str,
+    endpoints: list[str],
+    *,
+    engine: Literal["llamacpp", "vllm"] = "llamacpp",
+    external: bool = False,
+) -> PlanProfile:
+    return PlanProfile(
+        name=name,
+        engine=engine,
+        priority=100,
+        weight=1,
+        ctx_size=8192,
+        args=(),
+        gpus=0,
+        node_selector={},
+        memory=Memory(gb=6.0, source="estimated", basis="weights plus KV pool"),
+        served_name=name,
+        external=external,
+        replicas=tuple(PlanReplica(endpoint=e) for e in endpoints),
+    )
 
 
 def make_model(
     name: str,
-    profiles: list[dict[str, Any]],
+    profiles: list[PlanProfile],
     *,
     description: str | None = "A model for tests.",
     aliases: list[str] | None = None,
-    task: str = "chat",
+    task: Literal["chat", "completion", "embedding"] = "chat",
     context_length: int = 8192,
-) -> dict[str, Any]:
-    model: dict[str, Any] = {
-        "name": name,
-        "aliases": aliases or [],
-        "task": task,
-        "source": f"hf://example/{name}",
-        "format": "gguf",
-        "context_length": context_length,
-        "replicas": sum(len(p["replicas"]) for p in profiles) or 1,
-        "file": f"catalog/{name}.yaml",
-        "profiles": profiles,
-        "warnings": [],
-    }
-    if description is not None:
-        model["description"] = description
-    return model
+) -> PlanModel:
+    return PlanModel(
+        name=name,
+        description=description,
+        aliases=tuple(aliases or ()),
+        task=task,
+        source=f"hf://example/{name}",
+        format="gguf",
+        context_length=context_length,
+        replicas=sum(len(p.replicas) for p in profiles) or 1,
+        file=f"catalog/{name}.yaml",
+        profiles=tuple(profiles),
+        warnings=(),
+    )
 
 
-def make_plan(models: list[dict[str, Any]]) -> dict[str, Any]:
-    return plan_document(models)
+def make_plan(models: list[PlanModel]) -> Plan:
+    return plan_of(models)
 
 
-def sample_models(endpoints: list[str]) -> list[dict[str, Any]]:
+def sample_models(endpoints: list[str]) -> list[PlanModel]:
     """Four models covering what the page must get right, on the given endpoints
     (at least six: two for the first model, one each after)."""
     e = endpoints
@@ -110,12 +109,8 @@ def sample_models(endpoints: list[str]) -> list[dict[str, Any]]:
     ]
 
 
-def bundled_plan() -> dict[str, Any]:
+def bundled_plan() -> Plan:
     """The plan `llmgw plan` writes for the bundled catalogue and fleet."""
-    import llmgw.plan
-
-    if not hasattr(llmgw.plan, "build_plan"):
-        pytest.skip("the plan compiler (llmgw.plan.build_plan) is not written yet")
     proc = subprocess.run(
         [sys.executable, "-m", "llmgw", "plan", "catalog", "--fleet", "fleet.yaml", "--out", "-"],
         cwd=REPO,
@@ -125,21 +120,21 @@ def bundled_plan() -> dict[str, Any]:
         timeout=60,
     )
     assert proc.returncode == 0, f"`llmgw plan` failed on the bundled catalogue:\n{proc.stderr}"
-    plan: dict[str, Any] = json.loads(proc.stdout)
-    return plan
+    return parse_plan(proc.stdout)
 
 
-def endpoints_of(plan: dict[str, Any]) -> list[str]:
-    seen = [r["endpoint"] for m in plan["models"] for p in m["profiles"] for r in p["replicas"]]
+def endpoints_of(plan: Plan) -> list[str]:
+    seen = [r.endpoint for m in plan.models for p in m.profiles for r in p.replicas]
     return list(dict.fromkeys(seen))
 
 
-def repoint(plan: dict[str, Any], to: dict[str, str]) -> dict[str, Any]:
+def repoint(plan: Plan, to: dict[str, str]) -> Plan:
     """The same plan with replica endpoints replaced (by fake upstreams), digest recomputed."""
-    plan = json.loads(json.dumps(plan))
-    for m in plan["models"]:
-        for p in m["profiles"]:
-            for r in p["replicas"]:
-                r["endpoint"] = to[r["endpoint"]]
-    plan["digest"] = plan_digest(plan)
-    return plan
+
+    def profile(p: PlanProfile) -> PlanProfile:
+        replicas = tuple(r.model_copy(update={"endpoint": to[r.endpoint]}) for r in p.replicas)
+        return p.model_copy(update={"replicas": replicas})
+
+    models = [m.model_copy(update={"profiles": tuple(profile(p) for p in m.profiles)}) for m in plan.models]
+    # assemble_plan checks the result against the schema, so the copies are checked too.
+    return assemble_plan(models, plan.nodes, inputs=plan.inputs, target=plan.target)

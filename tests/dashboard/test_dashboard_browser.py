@@ -5,7 +5,6 @@ Screenshots land in artifacts/ (gitignored) for a person to look at after a run.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llmgw.plan import Plan, dump_plan
 from tests.dashboard.plans import (
     HOSTILE_DESCRIPTION,
     bundled_plan,
@@ -55,8 +55,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_plan(path: Path, plan: dict[str, Any] | str) -> None:
-    text = plan if isinstance(plan, str) else json.dumps(plan, indent=2)
+def write_plan(path: Path, plan: Plan | str) -> None:
+    text = plan if isinstance(plan, str) else dump_plan(plan.doc)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
@@ -370,7 +370,7 @@ def test_bundled_catalogue_reads_well_and_is_the_readme_screenshot(
         page = Page(browser, gw.url, 1280, 800)
         page.screenshot("dashboard-catalogue.png")
         rows = page.page.evaluate(MEASURE)
-        assert [r["name"] for r in rows] == [m["name"] for m in plan["models"]]
+        assert [r["name"] for r in rows] == [m.name for m in plan.models]
         for r in rows:
             assert abs(r["descTop"] - r["rowBottom"]) < 0.5, f"{r['name']}: description drifted"
             wrapped = {col: n for col, n in r["cellLines"].items() if n != 1}

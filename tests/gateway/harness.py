@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -29,8 +29,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from llmgw.gateway.serve import gunicorn_argv, serve_environment  # noqa: E402
-from llmgw.plan import dump_plan  # noqa: E402
-from tests.plans import plan_document  # noqa: E402
+from llmgw.plan import Plan, PlanModel, PlanProfile, PlanReplica, dump_plan  # noqa: E402
+from tests.plans import plan_of  # noqa: E402
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -96,64 +96,59 @@ def profile(
     priority: int = 100,
     weight: int = 1,
     name: str = "p",
-    routing: str | None = None,
-) -> dict[str, Any]:
-    doc = {
-        "name": name,
-        "engine": "llamacpp",
-        "priority": priority,
-        "weight": weight,
-        "ctx_size": 8192,
-        "args": [],
-        "gpus": 0,
-        "node_selector": {},
-        "served_name": served_name,
-        "external": True,
-        "replicas": [{"endpoint": e} for e in endpoints],
-    }
-    if routing is not None:  # absent, as in plans from before routing: the task's default
-        doc["routing"] = routing
-    return doc
+    routing: Literal["prefix", "least-loaded"] | None = None,
+) -> PlanProfile:
+    """An external profile: placement cannot put a replica where a fake engine listens."""
+    return PlanProfile(
+        name=name,
+        engine="llamacpp",
+        priority=priority,
+        weight=weight,
+        ctx_size=8192,
+        args=(),
+        gpus=0,
+        node_selector={},
+        served_name=served_name,
+        routing=routing,  # None: absent, as in plans from before routing (the task's default)
+        external=True,
+        replicas=tuple(PlanReplica(endpoint=e) for e in endpoints),
+    )
 
 
 def model(
     name: str,
-    profiles: list[dict[str, Any]],
-    task: str = "chat",
+    profiles: list[PlanProfile],
+    task: Literal["chat", "completion", "embedding"] = "chat",
     aliases: list[str] | None = None,
     description: str | None = None,
     max_output: int | None = None,
     context_length: int = 8192,
-) -> dict[str, Any]:
-    doc: dict[str, Any] = {"name": name}
-    if description is not None:
-        doc["description"] = description
-    doc.update(
-        {
-            "aliases": aliases or [],
-            "task": task,
-            "source": f"hf://example/{name}",
-            "format": "gguf",
-            "context_length": context_length,
-            "replicas": 1,
-            "file": f"catalog/{name}.yaml",
-            "profiles": profiles,
-            "warnings": [],
-        }
+) -> PlanModel:
+    return PlanModel(
+        name=name,
+        description=description,
+        aliases=tuple(aliases or ()),
+        task=task,
+        source=f"hf://example/{name}",
+        format="gguf",
+        context_length=context_length,
+        max_output=max_output,
+        replicas=1,
+        file=f"catalog/{name}.yaml",
+        profiles=tuple(profiles),
+        warnings=(),
     )
-    if max_output is not None:
-        doc["max_output"] = max_output
-    return doc
 
 
-def plan(models: list[dict[str, Any]]) -> dict[str, Any]:
-    return plan_document(models)
+def plan(models: list[PlanModel]) -> Plan:
+    return plan_of(models)
 
 
-def write_plan(path: Path, doc: dict[str, Any]) -> None:
-    """As `llmgw plan` does: written beside, then renamed over."""
+def write_plan(path: Path, plan: Plan | dict[str, Any]) -> None:
+    """As `llmgw plan` does: written beside, then renamed over. A dict is a plan a test broke
+    on purpose (a stale digest, say), which no builder would make."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(dump_plan(doc), encoding="utf-8")
+    tmp.write_text(dump_plan(plan.doc if isinstance(plan, Plan) else plan), encoding="utf-8")
     os.replace(tmp, path)
 
 

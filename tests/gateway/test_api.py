@@ -73,7 +73,7 @@ def gw(
     with gateway(
         path, LLMGW_MAX_BODY_BYTES="65536", LLMGW_FIRST_BYTE_TIMEOUT="1.5", LLMGW_CHUNK_TIMEOUT="1.5"
     ) as g:
-        g.env["digest"] = doc["digest"]
+        g.env["digest"] = doc.digest
         yield g
 
 

@@ -15,6 +15,8 @@ import pytest
 from dns_server import DnsServer
 from harness import Engine, engine, free_port, gateway, model, plan, write_plan
 
+from llmgw.plan import PlanProfile, PlanReplica, Workload
+
 NAME = "engines.llmgw.test"
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 
@@ -28,12 +30,13 @@ def engines() -> Iterator[dict[str, Engine]]:
 
 
 def _plan_file(tmp_path: Path, port: int) -> Path:
-    profile = {
-        "name": "cpu", "engine": "llamacpp", "priority": 100, "weight": 1, "ctx_size": 8192, "args": [],
-        "gpus": 0, "node_selector": {}, "served_name": "m", "external": False,
-        "workload": {"name": "m-cpu", "replicas": 2},
-        "replicas": [{"endpoint": f"http://{NAME}:{port}", "discovery": "dns"}],
-    }
+    # A Kubernetes workload, as `llmgw plan --target kubernetes` writes it: one name, two pods.
+    profile = PlanProfile(
+        name="cpu", engine="llamacpp", priority=100, weight=1, ctx_size=8192, args=(),
+        gpus=0, node_selector={}, served_name="m", external=False,
+        workload=Workload(name="m-cpu", replicas=2),
+        replicas=(PlanReplica(endpoint=f"http://{NAME}:{port}", discovery="dns"),),
+    )
     path = tmp_path / "plan.json"
     write_plan(path, plan([model("m", [profile])]))
     return path

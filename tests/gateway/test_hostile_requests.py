@@ -28,11 +28,13 @@ from harness import (
     write_plan,
 )
 
+from llmgw.plan import Plan, PlanModel
+
 ADMIN = "admin-secret"
 METRICS = "metrics-secret"
 
 
-def plan_on(a: str, b: str, *more: dict[str, Any]) -> dict[str, Any]:
+def plan_on(a: str, b: str, *more: PlanModel) -> Plan:
     return plan(
         [
             model("chat-a", [profile([a], "served-a")], aliases=["alias-a"], max_output=100),
@@ -49,7 +51,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine, engine_b: Eng
     path = tmp_path_factory.mktemp("hostile") / "plan.json"
     write_plan(path, doc)
     with gateway(path, LLMGW_ADMIN_TOKEN=ADMIN, LLMGW_METRICS_TOKEN=METRICS) as g:
-        g.env["digest"] = doc["digest"]
+        g.env["digest"] = doc.digest
         yield g
 
 
@@ -105,7 +107,7 @@ def test_a_deployed_plan_nested_too_deep_is_refused_with_422(gw: Gateway) -> Non
 
 def test_a_deployed_plan_with_a_lone_surrogate_is_refused_with_422(gw: Gateway, engine_a: Engine) -> None:
     doc = plan([model("m", [profile([engine_a.url], "m")], description="SURROGATE")])
-    text = json.dumps(doc).replace("SURROGATE", "\\ud800").encode()
+    text = json.dumps(doc.doc).replace("SURROGATE", "\\ud800").encode()
     answer = post_raw(gw, text, "/admin/plan", **admin())
     assert answer.status_code == 422, answer.text
     assert "surrogate" in error_of(answer)["message"]
@@ -252,9 +254,9 @@ def test_metrics_drop_the_series_of_a_model_the_plan_no_longer_has(
     metrics = httpx.get(gw.url + "/metrics", headers=gw.probe_headers(), timeout=10).text
     assert 'model="retired"' in metrics
     new = plan_on(engine_a.url, engine_b.url)
-    deployed = httpx.post(gw.url + "/admin/plan", content=json.dumps(new), headers=admin(), timeout=30)
+    deployed = httpx.post(gw.url + "/admin/plan", content=json.dumps(new.doc), headers=admin(), timeout=30)
     assert deployed.status_code == 200, deployed.text
-    gw.every_worker(lambda ready: ready["digest"] == new["digest"], 10, "the new plan")
+    gw.every_worker(lambda ready: ready["digest"] == new.digest, 10, "the new plan")
     metrics = httpx.get(gw.url + "/metrics", headers=gw.probe_headers(), timeout=10).text
     assert 'model="retired"' not in metrics
     assert 'model="plain"' in metrics
@@ -263,7 +265,7 @@ def test_metrics_drop_the_series_of_a_model_the_plan_no_longer_has(
 # --- deploys ---------------------------------------------------------------------------------
 
 
-def big_plan(engine: Engine) -> dict[str, Any]:
+def big_plan(engine: Engine) -> Plan:
     """About 4.5 MB: long enough to check that a worker doing it on its loop stalls."""
     return plan(
         [
@@ -281,7 +283,7 @@ def big_plan(engine: Engine) -> dict[str, Any]:
 def test_a_big_deploy_does_not_stall_the_workers_other_requests(tmp_path: Path, engine_a: Engine) -> None:
     path = tmp_path / "plan.json"
     write_plan(path, plan([model("chat", [profile([engine_a.url], "chat")])]))
-    text = json.dumps(big_plan(engine_a)).encode()
+    text = json.dumps(big_plan(engine_a).doc).encode()
     with gateway(path, workers=1, LLMGW_ADMIN_TOKEN=ADMIN) as gw:
         done: list[httpx.Response] = []
 

@@ -60,6 +60,14 @@ def no_leaks(gw: Gateway, engine_m: Engine) -> Iterator[None]:
         f"the engine's open connections back to {connections} (a leaked upstream connection)",
     )
     wait_until(lambda: tasks(gw) <= running, 5, f"the worker's asyncio tasks back to {running}")
+    # A count left up would have least-loaded routing and DNS draining treat the engine as busy.
+    wait_until(lambda: inflight(gw, engine_m) == 0, 5, "the replica's in-flight count back to 0")
+
+
+def inflight(gw: Gateway, engine: Engine) -> int:
+    with httpx.Client(timeout=10) as fresh:
+        status = fresh.get(gw.url + "/dashboard/status.json").json()
+    return int(status["models"]["m"]["profiles"]["p"]["replicas"][engine.url]["inflight"])
 
 
 def ask(gw: Gateway, **body: Any) -> httpx.Response:

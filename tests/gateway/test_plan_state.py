@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 from harness import model, plan, profile, write_plan
@@ -13,10 +12,10 @@ from harness import model, plan, profile, write_plan
 from llmgw.errors import PlanError
 from llmgw.gateway import reload
 from llmgw.gateway.reload import PlanState
-from llmgw.plan import dump_plan
+from llmgw.plan import Plan, dump_plan
 
 
-def plan_named(served: str) -> dict[str, Any]:
+def plan_named(served: str) -> Plan:
     return plan([model("chat", [profile(["http://127.0.0.1:9"], served)])])
 
 
@@ -30,7 +29,7 @@ def test_a_deploy_during_the_watchers_read_is_not_undone_by_the_older_plan(
     was_read, may_return = threading.Event(), threading.Event()
     real_read = reload.read_plan
 
-    def slow_read(p: Path) -> dict[str, Any]:
+    def slow_read(p: Path) -> Plan:
         doc = real_read(p)  # the older plan, read before the deploy replaces the file
         was_read.set()
         may_return.wait(10)
@@ -42,14 +41,14 @@ def test_a_deploy_during_the_watchers_read_is_not_undone_by_the_older_plan(
         write_plan(path, older)
         watcher = asyncio.create_task(state.check_file())
         assert await asyncio.to_thread(was_read.wait, 10), "the watcher never read the file"
-        deploy = asyncio.create_task(state.accept(dump_plan(deployed).encode()))
+        deploy = asyncio.create_task(state.accept(dump_plan(deployed.doc).encode()))
         for _ in range(5):  # let the deploy run as far as it can while the read is pending
             await asyncio.sleep(0)
         may_return.set()
         await asyncio.wait_for(asyncio.gather(watcher, deploy), 10)
-        assert state.table.digest == deployed["digest"], "the worker went back to the older plan"
+        assert state.table.digest == deployed.digest, "the worker went back to the older plan"
         await state.check_file()  # nor may the next poll change anything
-        assert state.table.digest == deployed["digest"]
+        assert state.table.digest == deployed.digest
 
     asyncio.run(race())
     assert state.refusal is None

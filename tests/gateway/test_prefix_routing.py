@@ -9,11 +9,13 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
 from harness import Engine, Gateway, engine, gateway, model, plan, profile, write_plan
+
+from llmgw.plan import Plan
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.5", "127.0.0.6")
 
@@ -24,7 +26,7 @@ def engines() -> Iterator[list[Engine]]:
         yield [stack.enter_context(engine(f"r{i}", host)) for i, host in enumerate(HOSTS)]
 
 
-def chat_plan(urls: list[str], routing: str | None = None) -> dict[str, Any]:
+def chat_plan(urls: list[str], routing: Literal["prefix", "least-loaded"] | None = None) -> Plan:
     return plan(
         [
             model("chat", [profile(urls, "chat", routing=routing)]),
@@ -99,7 +101,7 @@ def test_a_replica_leaving_moves_only_its_own_prefixes(served: Gateway, engines:
     remaining = [e.url for e in engines if e.name != gone]
     new = chat_plan(remaining)
     write_plan(served.plan_path, new)
-    served.every_worker(lambda ready: ready["digest"] == new["digest"], 8, "the plan without one replica")
+    served.every_worker(lambda ready: ready["digest"] == new.digest, 8, "the plan without one replica")
     after = [who_answers(served, p) for p in prompts]
     for old, now in zip(before, after, strict=True):
         if old != gone:

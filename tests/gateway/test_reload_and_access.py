@@ -32,11 +32,13 @@ from harness import (
 )
 from harness import engine as start_engine
 
+from llmgw.plan import Plan, plan_digest
+
 ADMIN = "admin-secret"
 KEY = "sk-test-key"
 
 
-def plan_on(url: str, served: str = "chat") -> dict[str, Any]:
+def plan_on(url: str, served: str = "chat") -> Plan:
     return plan(
         [
             model("chat", [profile([url], served)], aliases=["default"], max_output=512),
@@ -46,7 +48,7 @@ def plan_on(url: str, served: str = "chat") -> dict[str, Any]:
 
 
 @pytest.fixture
-def served(tmp_path: Path, engine_a: Engine) -> Iterator[tuple[Gateway, dict[str, Any]]]:
+def served(tmp_path: Path, engine_a: Engine) -> Iterator[tuple[Gateway, Plan]]:
     doc = plan_on(engine_a.url)
     path = tmp_path / "plan.json"
     write_plan(path, doc)
@@ -105,13 +107,13 @@ def refused(ready: dict[str, Any]) -> bool:
 
 
 def test_a_replaced_plan_is_served_by_every_worker_and_no_request_fails(
-    served: tuple[Gateway, dict[str, Any]], engine_b: Engine
+    served: tuple[Gateway, Plan], engine_b: Engine
 ) -> None:
     gw, _ = served
     new = plan_on(engine_b.url, served="chat-on-b")
     with Hammer(gw.url) as hammer:
         write_plan(gw.plan_path, new)
-        every_worker_serves(gw, new["digest"])
+        every_worker_serves(gw, new.digest)
         answer = httpx.post(
             gw.url + "/v1/chat/completions",
             headers=auth(),
@@ -120,7 +122,7 @@ def test_a_replaced_plan_is_served_by_every_worker_and_no_request_fails(
         )
         assert answer.json()["system_fingerprint"] == "b"
         assert "chat-on-b" in engine_b.stats()["models_seen"], "sent under the new plan's name"
-        assert answer.headers[DIGEST_HEADER] == new["digest"]
+        assert answer.headers[DIGEST_HEADER] == new.digest
     assert hammer.count > 0
     assert not hammer.failures, hammer.failures[:5]
     metrics = httpx.get(gw.url + "/metrics", timeout=10).text
@@ -129,17 +131,17 @@ def test_a_replaced_plan_is_served_by_every_worker_and_no_request_fails(
 
 
 def test_a_bad_plan_is_refused_and_the_old_one_keeps_serving(
-    served: tuple[Gateway, dict[str, Any]],
+    served: tuple[Gateway, Plan],
 ) -> None:
     gw, doc = served
     with Hammer(gw.url) as hammer:
-        tampered = dict(doc, models=doc["models"][:1])  # digest no longer matches
+        tampered = dict(doc.doc, models=doc.doc["models"][:1])  # digest no longer matches
         write_plan(gw.plan_path, tampered)
         # A worker that has not looked at the file yet also serves the old digest, so each
         # must say it refused the new one.
         answers = gw.every_worker(refused, 8, "the refused plan")
     for ready in answers.values():
-        assert ready["digest"] == doc["digest"], "the old plan keeps serving"
+        assert ready["digest"] == doc.digest, "the old plan keeps serving"
         assert "digest" in ready["last_reload"]["reason"]
     assert not hammer.failures, hammer.failures[:5]
     assert "refused a new plan" in gw.log()
@@ -148,10 +150,10 @@ def test_a_bad_plan_is_refused_and_the_old_one_keeps_serving(
 
 
 def test_a_deploy_refused_by_the_gateway_is_recorded_like_a_refused_plan_file(
-    served: tuple[Gateway, dict[str, Any]],
+    served: tuple[Gateway, Plan],
 ) -> None:
     gw, doc = served
-    bad = dict(doc, models=doc["models"][:1])  # digest no longer matches
+    bad = dict(doc.doc, models=doc.doc["models"][:1])  # digest no longer matches
     answer = httpx.post(
         gw.url + "/admin/plan", json=bad, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
     )
@@ -163,7 +165,7 @@ def test_a_deploy_refused_by_the_gateway_is_recorded_like_a_refused_plan_file(
         return ready if refused(ready) else None
 
     ready = wait_until(a_worker_says_refused, 15, "the worker that took the deploy to report it refused")
-    assert "digest" in ready["last_reload"]["reason"] and ready["digest"] == doc["digest"]
+    assert "digest" in ready["last_reload"]["reason"] and ready["digest"] == doc.digest
     metrics = httpx.get(gw.url + "/metrics", timeout=10).text
     assert metric_value(metrics, "llmgw_plan_reloads_total", 'result="refused"') == 1
     wait_until(lambda: "refused a new plan" in gw.log(), 10, "the refusal in the gateway's log")
@@ -183,39 +185,50 @@ def metric_value(text: str, name: str, label: str) -> float:
 UNROUTABLE = ("http://[::::::::::]:9000", "http://127.0.0.1:99999", "http://x:abc")
 
 
+def plan_doc_on(endpoint: str) -> dict[str, Any]:
+    """plan_on's document, for an endpoint the builder's own schema check may refuse: what
+    is under test is that the gateway refuses it too, so the endpoint is put in afterwards."""
+    placeholder = "http://127.0.0.1:9"
+    doc: dict[str, Any] = json.loads(json.dumps(plan_on(placeholder).doc).replace(placeholder, endpoint))
+    doc["digest"] = plan_digest(doc)
+    return doc
+
+
 def test_a_deploy_that_cannot_be_routed_is_refused_and_the_plan_file_kept(
-    served: tuple[Gateway, dict[str, Any]],
+    served: tuple[Gateway, Plan],
 ) -> None:
     gw, doc = served
     before = gw.plan_path.read_bytes()
     for endpoint in UNROUTABLE:
-        bad = plan_on(endpoint)
         answer = httpx.post(
-            gw.url + "/admin/plan", json=bad, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+            gw.url + "/admin/plan",
+            json=plan_doc_on(endpoint),
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            timeout=10,
         )
         assert answer.status_code == 422, answer.text
         assert endpoint in answer.json()["error"]["message"], "the refusal names the endpoint"
         assert gw.plan_path.read_bytes() == before, "a restart must still find a plan it can serve"
-    every_worker_serves(gw, doc["digest"])
+    every_worker_serves(gw, doc.digest)
 
 
 def test_a_plan_file_that_cannot_be_routed_is_refused_by_every_worker(
-    served: tuple[Gateway, dict[str, Any]], engine_b: Engine
+    served: tuple[Gateway, Plan], engine_b: Engine
 ) -> None:
     gw, doc = served
     write_plan(gw.plan_path, plan_on(UNROUTABLE[0]))
     answers = gw.every_worker(refused, 8, "the plan it cannot route")
     for ready in answers.values():
-        assert ready["digest"] == doc["digest"]
+        assert ready["digest"] == doc.digest
         assert UNROUTABLE[0] in ready["last_reload"]["reason"]
     # The refusal must not leave the watcher deaf: the next plan still gets served.
     fixed = plan_on(engine_b.url)
     write_plan(gw.plan_path, fixed)
-    every_worker_serves(gw, fixed["digest"])
+    every_worker_serves(gw, fixed.digest)
 
 
 def test_a_request_in_flight_finishes_on_the_replica_it_started_on(
-    served: tuple[Gateway, dict[str, Any]], engine_a: Engine, engine_b: Engine
+    served: tuple[Gateway, Plan], engine_a: Engine, engine_b: Engine
 ) -> None:
     gw, _ = served
     body = {"model": "chat", "messages": [], "stream": True, "fake_chunks": 8, "fake_chunk_delay": 0.4}
@@ -231,7 +244,7 @@ def test_a_request_in_flight_finishes_on_the_replica_it_started_on(
     assert all('"system_fingerprint": "a"' in line for line in rest[:-1])
 
 
-def test_v1_needs_a_listed_api_key(served: tuple[Gateway, dict[str, Any]]) -> None:
+def test_v1_needs_a_listed_api_key(served: tuple[Gateway, Plan]) -> None:
     gw, _ = served
     url = gw.url + "/v1/models"
     assert httpx.get(url, timeout=10).status_code == 401
@@ -273,7 +286,7 @@ ODD_SPELLINGS = [
 
 @pytest.mark.parametrize(("method", "target", "model_name"), ODD_SPELLINGS)
 def test_no_spelling_of_a_v1_path_skips_the_key_check(
-    served: tuple[Gateway, dict[str, Any]], method: str, target: str, model_name: str | None
+    served: tuple[Gateway, Plan], method: str, target: str, model_name: str | None
 ) -> None:
     gw, doc = served
     body = b""
@@ -289,10 +302,10 @@ def test_no_spelling_of_a_v1_path_skips_the_key_check(
     assert status == 401, f"{method} {target} with a wrong key was answered:\n{text}"
     status, text = raw_request(gw.url, method, target, auth(), body)
     assert status == 200, f"{method} {target} with the key: {text}"
-    assert f"{DIGEST_HEADER.lower()}: {doc['digest']}" in text.lower()
+    assert f"{DIGEST_HEADER.lower()}: {doc.digest}" in text.lower()
 
 
-def test_odd_spellings_are_counted_in_the_request_metrics(served: tuple[Gateway, dict[str, Any]]) -> None:
+def test_odd_spellings_are_counted_in_the_request_metrics(served: tuple[Gateway, Plan]) -> None:
     gw, _ = served
 
     def refused_count() -> float:
@@ -312,19 +325,19 @@ def test_odd_spellings_are_counted_in_the_request_metrics(served: tuple[Gateway,
 
 @pytest.mark.parametrize("target", ["//admin/plan", "/%2Fadmin/plan", "http://h//admin/plan"])
 def test_no_spelling_of_the_admin_path_skips_the_admin_token(
-    served: tuple[Gateway, dict[str, Any]], target: str
+    served: tuple[Gateway, Plan], target: str
 ) -> None:
     gw, doc = served
     for headers in ({}, auth(), {"Authorization": "Bearer wrong"}):
         status, text = raw_request(gw.url, "GET", target, headers)
         assert status == 401, f"GET {target} with {headers} was answered:\n{text}"
-        status, text = raw_request(gw.url, "POST", target, headers, json.dumps(doc).encode())
+        status, text = raw_request(gw.url, "POST", target, headers, json.dumps(doc.doc).encode())
         assert status == 401, f"POST {target} with {headers} was answered:\n{text}"
     status, text = raw_request(gw.url, "GET", target, {"Authorization": f"Bearer {ADMIN}"})
     assert status == 200, text
 
 
-def test_the_bearer_scheme_is_case_insensitive(served: tuple[Gateway, dict[str, Any]]) -> None:
+def test_the_bearer_scheme_is_case_insensitive(served: tuple[Gateway, Plan]) -> None:
     gw, _ = served
     for scheme in ("bearer", "BEARER"):
         key = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"{scheme} {KEY}"}, timeout=10)
@@ -334,12 +347,12 @@ def test_the_bearer_scheme_is_case_insensitive(served: tuple[Gateway, dict[str, 
 
 
 def test_metrics_forget_the_old_plans_digest_and_the_replicas_it_alone_listed(
-    served: tuple[Gateway, dict[str, Any]], engine_a: Engine, engine_b: Engine
+    served: tuple[Gateway, Plan], engine_a: Engine, engine_b: Engine
 ) -> None:
     gw, doc = served
     new = plan_on(engine_b.url)
     write_plan(gw.plan_path, new)
-    every_worker_serves(gw, new["digest"])
+    every_worker_serves(gw, new.digest)
     text = httpx.get(gw.url + "/metrics", timeout=10).text
     assert any(
         line.startswith("llmgw_replica_healthy{") and engine_b.url in line for line in text.splitlines()
@@ -348,20 +361,20 @@ def test_metrics_forget_the_old_plans_digest_and_the_replicas_it_alone_listed(
         line
         for line in text.splitlines()
         if (line.startswith("llmgw_replica_healthy{") and engine_a.url in line)
-        or (line.startswith("llmgw_plan_info{") and doc["digest"] in line)
+        or (line.startswith("llmgw_plan_info{") and doc.digest in line)
     ]
     assert not stale, f"series for what is no longer served: {stale}"
 
 
-def test_admin_needs_the_admin_token(served: tuple[Gateway, dict[str, Any]]) -> None:
+def test_admin_needs_the_admin_token(served: tuple[Gateway, Plan]) -> None:
     gw, doc = served
     for headers in ({}, auth(), {"Authorization": "Bearer wrong"}):
-        answer = httpx.post(gw.url + "/admin/plan", json=doc, headers=headers, timeout=10)
+        answer = httpx.post(gw.url + "/admin/plan", json=doc.doc, headers=headers, timeout=10)
         assert answer.status_code == 401
 
 
 def test_deploy_serves_a_good_plan_and_refuses_a_bad_one(
-    served: tuple[Gateway, dict[str, Any]], engine_b: Engine
+    served: tuple[Gateway, Plan], engine_b: Engine
 ) -> None:
     gw, doc = served
     new = plan_on(engine_b.url, served="deployed")
@@ -371,8 +384,8 @@ def test_deploy_serves_a_good_plan_and_refuses_a_bad_one(
     env = subprocess_env(LLMGW_ADMIN_TOKEN=ADMIN)
     done = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert new["digest"] in done.stdout
-    every_worker_serves(gw, new["digest"])
+    assert new.digest in done.stdout
+    every_worker_serves(gw, new.digest)
     assert gw.plan_path.read_text() == new_path.read_text(), "the plan file itself is replaced"
 
     bad_path = gw.plan_path.with_name("bad.json")
@@ -382,10 +395,10 @@ def test_deploy_serves_a_good_plan_and_refuses_a_bad_one(
     )
     assert refused.returncode != 0
     assert "refused" in refused.stderr and "schema" in refused.stderr
-    assert httpx.get(gw.url + "/readyz", timeout=10).json()["digest"] == new["digest"]
+    assert httpx.get(gw.url + "/readyz", timeout=10).json()["digest"] == new.digest
 
 
-def test_a_chunked_deploy_over_the_body_limit_is_413(served: tuple[Gateway, dict[str, Any]]) -> None:
+def test_a_chunked_deploy_over_the_body_limit_is_413(served: tuple[Gateway, Plan]) -> None:
     gw, doc = served
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit must be counted
@@ -400,11 +413,11 @@ def test_a_chunked_deploy_over_the_body_limit_is_413(served: tuple[Gateway, dict
     )
     assert answer.status_code == 413, answer.text
     assert "65536" in answer.json()["error"]["message"]
-    assert httpx.get(gw.url + "/readyz", timeout=10).json()["digest"] == doc["digest"]
+    assert httpx.get(gw.url + "/readyz", timeout=10).json()["digest"] == doc.digest
 
 
 def test_the_official_openai_client_works_against_the_gateway(
-    served: tuple[Gateway, dict[str, Any]],
+    served: tuple[Gateway, Plan],
 ) -> None:
     gw, _ = served
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
@@ -473,7 +486,7 @@ def test_a_restart_after_a_bad_plan_file_serves_the_last_good_plan(tmp_path: Pat
         proc = _llmgw_serve(path, int(url.rsplit(":", 1)[1]))
         try:
             ready = _ready(url)
-            assert ready["digest"] == good["digest"]
+            assert ready["digest"] == good.digest
             assert ready["last_reload"]["result"] == "refused"
             assert "last good plan" in ready["last_reload"]["reason"]
             answer = httpx.post(
@@ -513,10 +526,10 @@ def test_llmgw_serve_refuses_a_plan_it_cannot_route_in_one_sentence(tmp_path: Pa
 
 
 def test_admin_get_plan_returns_the_served_plan_for_the_next_deploy(
-    served: tuple[Gateway, dict[str, Any]],
+    served: tuple[Gateway, Plan],
 ) -> None:
     gw, doc = served
     answer = httpx.get(gw.url + "/admin/plan", timeout=10, headers={"Authorization": f"Bearer {ADMIN}"})
     assert answer.status_code == 200
-    assert answer.json() == doc
+    assert answer.json() == doc.doc
     assert httpx.get(gw.url + "/admin/plan", timeout=10).status_code == 401

@@ -14,41 +14,25 @@ from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.health import Health
 from llmgw.gateway.routing import DnsGroup, RouteTable
 from llmgw.gateway.upstream import FastTransport, Upstream
-from llmgw.plan import Plan
+from llmgw.plan import Plan, PlanModel, PlanProfile, PlanReplica, Workload
 from tests.gateway.dns_server import DnsServer
-from tests.plans import plan_document
+from tests.plans import plan_of
 
 ENDPOINT = "http://engines.llmgw.test:8080"
 
 
 def _plan(endpoint: str = ENDPOINT) -> Plan:
-    profile = {
-        "name": "cpu",
-        "engine": "llamacpp",
-        "priority": 100,
-        "weight": 1,
-        "ctx_size": 8192,
-        "args": [],
-        "gpus": 0,
-        "node_selector": {},
-        "served_name": "m",
-        "external": False,
-        "workload": {"name": "m-cpu", "replicas": 2},
-        "replicas": [{"endpoint": endpoint, "discovery": "dns"}],
-    }
-    model = {
-        "name": "m",
-        "aliases": [],
-        "task": "chat",
-        "source": "hf://o/r/m.gguf",
-        "format": "gguf",
-        "context_length": 8192,
-        "replicas": 2,
-        "file": "catalog/m.yaml",
-        "profiles": [profile],
-        "warnings": [],
-    }
-    return Plan.of(plan_document([model]))
+    profile = PlanProfile(
+        name="cpu", engine="llamacpp", priority=100, weight=1, ctx_size=8192, args=(),
+        gpus=0, node_selector={}, served_name="m", external=False,
+        workload=Workload(name="m-cpu", replicas=2),
+        replicas=(PlanReplica(endpoint=endpoint, discovery="dns"),),
+    )
+    model = PlanModel(
+        name="m", aliases=(), task="chat", source="hf://o/r/m.gguf", format="gguf",
+        context_length=8192, replicas=2, file="catalog/m.yaml", profiles=(profile,), warnings=(),
+    )
+    return plan_of([model])
 
 
 def test_a_new_address_joins_only_after_its_first_health_check():

@@ -7,7 +7,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
-from llmgw.plan import Plan, read_plan
+from llmgw.plan import Plan, assemble_plan, dump_plan, read_plan
 from llmgw.schema import validator
 from tests.unit.helpers import model_yaml
 from tests.unit.test_plan import plan_for
@@ -113,3 +113,16 @@ def test_a_cpu_replica_has_no_gpu_ids_key(tmp_path):
     doc = plan_for(tmp_path, {"a.yaml": model_yaml(selector="{}")})
     replica = doc["models"][0]["profiles"][0]["replicas"][0]
     assert "gpu_ids" not in replica and {"endpoint", "node", "port"} <= replica.keys()
+
+
+def test_a_plan_assembled_from_a_compiled_plans_parts_is_that_plan_byte_for_byte(llmgw, tmp_path):
+    # What tests build by hand goes through assemble_plan: it must write what `llmgw plan`
+    # writes (keys, their order, absent defaults, the digest), or tests would read plans no
+    # compiler makes.
+    for target in ((), ("--target", "kubernetes")):
+        out = tmp_path / f"plan{len(target)}.json"
+        assert llmgw("plan", *target, "--out", out).code == 0
+        compiled = read_plan(out)
+        again = assemble_plan(compiled.models, compiled.nodes, inputs=compiled.inputs, target=compiled.target)
+        assert dump_plan(again.doc) == out.read_text()
+        assert again == compiled

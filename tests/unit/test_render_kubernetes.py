@@ -11,7 +11,7 @@ from kubernetes_validate.utils import all_versions, major_minor
 from ruamel.yaml import YAML
 
 from llmgw.engines import engine_command
-from llmgw.plan import Plan, read_plan
+from llmgw.plan import assemble_plan, read_plan
 from llmgw.render.kubernetes import Options, WeightsVolume, render
 from tests.conftest import run_llmgw
 
@@ -180,10 +180,9 @@ def test_weights_volume_kinds(k8s_plan):
 
 def test_a_local_weights_path_is_refused_since_no_pod_can_read_it(k8s_plan):
     plan = read_plan(k8s_plan)
-    doc = plan.doc
-    doc = {**doc, "models": [{**m, "source": "./weights/model.gguf"} for m in doc["models"]]}
+    local = [m.model_copy(update={"source": "./weights/model.gguf"}) for m in plan.models]
     with pytest.raises(Exception, match="hf:// or https://"):
-        render(Plan.of(doc), Options())
+        render(assemble_plan(local, plan.nodes, inputs=plan.inputs, target=plan.target), Options())
 
 
 def test_fewer_than_two_gateways_is_refused(k8s_plan):
