@@ -33,6 +33,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gateway"))
 import harness  # noqa: E402
 
+from llmgw.plan import Plan  # noqa: E402
+
 CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
 
 
@@ -82,7 +84,7 @@ async def soak(url: str, total: int, pids: set[int]) -> dict[str, Any]:
     return {"figures": figures, "failed": failed, "rate": total / elapsed}
 
 
-def moved_plan(models: int, engines: list[str], shift: int) -> dict[str, Any]:
+def moved_plan(models: int, engines: list[str], shift: int) -> Plan:
     docs = [harness.model("bench", [harness.profile(engines, "bench")])]
     for i in range(models - 1):
         endpoint = engines[(i + shift) % len(engines)]
@@ -118,13 +120,13 @@ async def steady(url: str, rate: float, stop: asyncio.Event) -> tuple[int, int, 
     return sent, failed, reasons
 
 
-async def reload_under_load(gw: harness.Gateway, second: dict[str, Any], rate: float) -> dict[str, Any]:
+async def reload_under_load(gw: harness.Gateway, second: Plan, rate: float) -> dict[str, Any]:
     stop = asyncio.Event()
     load = asyncio.create_task(steady(gw.url, rate, stop))
     await asyncio.sleep(3)
     started = time.perf_counter()
     harness.write_plan(gw.plan_path, second)
-    await asyncio.to_thread(gw.every_worker, lambda r: r["digest"] == second["digest"], 60, "the new plan")
+    await asyncio.to_thread(gw.every_worker, lambda r: r["digest"] == second.digest, 60, "the new plan")
     took = time.perf_counter() - started
     await asyncio.sleep(3)
     stop.set()

@@ -18,13 +18,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gateway"))
 import harness  # noqa: E402
 
+from llmgw.plan import Plan  # noqa: E402
 
-def build(models: int, port_base: int) -> dict[str, Any]:
+
+def build(models: int, port_base: int) -> Plan:
     docs = []
     for i in range(models):
         # 127.0.0.0/8 only: the gateway health-checks whatever a plan names.
@@ -65,7 +66,7 @@ def main() -> None:
             second = build(args.models, 19)
             start = time.perf_counter()
             harness.write_plan(plan_path, second)
-            gw.every_worker(lambda r: r["digest"] == second["digest"], 60, "the new plan")
+            gw.every_worker(lambda r: r["digest"] == second.digest, 60, "the new plan")
             reloaded = time.perf_counter() - start
     print(f"plan: {args.models} models, {2 * args.models} replicas, {size / 2**20:.1f} MiB of JSON")
     print(f"llmgw serve ready (every one of {args.workers} workers serving it): {ready:.2f} s")
