@@ -447,11 +447,16 @@ def check_out(origin: Path, workspace: Path) -> str:
 
 
 def deploy_to_kubernetes(
-    origin: Path, run: str, branch: str = "", gateway: FakeGateway | None = None
+    origin: Path, run: str, branch: str = "", gateway: FakeGateway | None = None, remote: str = ""
 ) -> JobRun:
-    """The deploy job for what main holds on origin now, with LLMGW_TARGET=kubernetes."""
+    """The deploy job for what main holds on origin now, with LLMGW_TARGET=kubernetes.
+
+    `remote`, when given, replaces origin's URL once checked out: a remote the job cannot reach.
+    """
     workspace = origin.parent / f"checkout-{run}"
     sha = check_out(origin, workspace)
+    if remote:
+        git(workspace, "remote", "set-url", "origin", remote)
     return run_job(
         DEPLOY,
         "deploy",
@@ -619,6 +624,16 @@ def test_a_model_removed_from_the_catalogue_loses_its_manifests(repo: Path) -> N
         f"{MANIFESTS}/{name}"
         for name in ("engine-deepseek-coder-v2-lite-cpu.yaml", "gateway.yaml", "kustomization.yaml")
     }
+
+
+def test_an_unreachable_origin_stops_the_deploy_instead_of_starting_a_new_branch(repo: Path) -> None:
+    # Taken for a missing branch, it would render onto an empty history and push that over
+    # the one Argo CD syncs from (refused at best), with no word about the real cause.
+    origin = publish(repo)
+    job = deploy_to_kubernetes(origin, "1", remote=(repo.parent / "moved.git").as_uri())
+    assert not job.succeeded and job.steps[-1].name == "Render and commit the manifests", job
+    assert "::error::cannot read the branch manifests from origin" in job.steps[-1].stdout, job
+    assert "job token" in job.steps[-1].stdout, job
 
 
 def test_the_manifests_branch_variable_chooses_the_branch(repo: Path) -> None:
