@@ -40,7 +40,7 @@ class StepRun:
         return f"--- step {self.name!r} [exit {self.code}]\n{self.stdout}{self.stderr}"
 
 
-@dataclass
+@dataclass(repr=False)
 class JobRun:
     steps: list[StepRun] = field(default_factory=list)
     summary: str = ""
@@ -54,6 +54,9 @@ class JobRun:
 
     def __str__(self) -> str:
         return "\n".join(str(s) for s in self.steps)
+
+    # pytest shows an assertion's message with repr(): every step's output, not a dataclass.
+    __repr__ = __str__
 
 
 def shims(bin_dir: Path) -> Path:

