@@ -43,7 +43,7 @@ def served(tmp_path: Path, engine_a: Engine) -> Iterator[tuple[Gateway, dict[str
     keys = tmp_path / "keys.yaml"
     keys.write_text(KEYS)
     with gateway(path, workers=2, LLMGW_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN) as gw:
-        yield gw, doc, keys
+        yield gw, doc.doc, keys
 
 
 def from_every_worker(
@@ -182,14 +182,14 @@ def test_a_refused_deploy_is_reported_by_every_worker_on_readyz_and_the_dashboar
         [model("chat", [profile([doc["models"][0]["profiles"][0]["replicas"][0]["endpoint"]], "chat")])]
     )
     answer = httpx.post(
-        gw.url + "/admin/plan", json=good, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+        gw.url + "/admin/plan", json=good.doc, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
     )
     assert answer.status_code == 200, answer.text
     from_every_worker(
         gw,
         "/readyz",
         lambda a: int(a.json()["pid"]),
-        lambda a: a.json()["digest"] == good["digest"] and a.json()["last_reload"]["result"] == "loaded",
+        lambda a: a.json()["digest"] == good.digest and a.json()["last_reload"]["result"] == "loaded",
         "the good plan, with no refusal",
     )
 
