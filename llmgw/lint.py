@@ -49,9 +49,10 @@ def lint(catalog: Path, fleet_path: Path, previous: Plan | None = None) -> LintR
     documents: list[Document] = []
     entries: list[Entry] = []
     inside = catalog.resolve()
+    folders: dict[Path, bool] = {}
     for path in files:
         display = path.as_posix()
-        if not path.resolve().is_relative_to(inside):
+        if not _reads_inside(path, inside, folders):
             # Findings quote what they read, and lint's output is posted on pull
             # requests: a link to /etc/shadow must not be read at all.
             findings.append(Finding(display, 1, 1, "yaml", "error",
@@ -78,6 +79,18 @@ def lint(catalog: Path, fleet_path: Path, previous: Plan | None = None) -> LintR
                       placement, len(files))
 
 
+def _reads_inside(path: Path, inside: Path, folders: dict[Path, bool]) -> bool:
+    """True when `path` resolves to a file under `inside`. A file that is no symlink is
+    where its folder is, and each folder is resolved once: resolving every one of 5,000
+    paths, a system call per part, took a tenth of a lint."""
+    if path.is_symlink():
+        return path.resolve().is_relative_to(inside)
+    folder = path.parent
+    if folder not in folders:
+        folders[folder] = folder.resolve().is_relative_to(inside)
+    return folders[folder]
+
+
 def changed_since(previous: Plan | None, documents: list[Document]) -> frozenset[str] | None:
     """The model files new or edited since `previous` was planned; None without a plan.
 
@@ -98,10 +111,13 @@ def catalogue_files(catalog: Path) -> list[Path]:
             "per model (default: catalog/)."
         )
     # Sorted, so findings and the plan do not depend on the order files sit on disk.
+    depth = len(catalog.parts)  # rglob's paths start with the catalogue's own parts
     return sorted(
-        p for p in catalog.rglob("*")
-        if p.suffix in MODEL_SUFFIXES and p.is_file()
-        and not any(part.startswith(".") for part in p.relative_to(catalog).parts)
+        p
+        for p in catalog.rglob("*")
+        if p.suffix in MODEL_SUFFIXES
+        and not any(part.startswith(".") for part in p.parts[depth:])
+        and p.is_file()
     )
 
 
