@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import copy
 from difflib import get_close_matches
-from typing import Any
-
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from llmgw.findings import Finding
 from llmgw.load import Document
 from llmgw.schema import proves_valid, validator
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 
 def check_document(doc: Document, name: str) -> tuple[list[Finding], dict[str, Any] | None]:
