@@ -17,7 +17,7 @@ from llmgw.findings import Finding, count
 from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec, Node
 from llmgw.place import Placement, place
-from llmgw.plan import Plan, file_sha256
+from llmgw.plan import Plan, cycle_collector_paused, file_sha256
 from llmgw.rules import Context, Entry, run_rules
 from llmgw.validate import check_document, schema_findings
 
@@ -43,6 +43,11 @@ class LintResult:
 
 
 def lint(catalog: Path, fleet_path: Path, previous: Plan | None = None) -> LintResult:
+    with cycle_collector_paused():
+        return _lint(catalog, fleet_path, previous)
+
+
+def _lint(catalog: Path, fleet_path: Path, previous: Plan | None) -> LintResult:
     files = catalogue_files(catalog)
     fleet, fleet_doc = read_fleet(fleet_path)
     findings: list[Finding] = []

@@ -151,7 +151,24 @@ def _plain_data(text: str) -> Any:
         # reads the file again and, for a mistake, says what it is and where.
         return _NotPlain
     finally:
-        loader.dispose()
+        _release(loader)
+
+
+def _compose(text: str) -> Node | None:
+    """The C composer's node tree of `text`, as ruamel's `compose` gives it: for positions."""
+    loader = _PlainLoader(text)
+    try:
+        node: Node | None = loader.get_single_node()
+        return node
+    finally:
+        _release(loader)
+
+
+def _release(loader: _PlainLoader) -> None:
+    loader.dispose()
+    # The loader is its own parser, composer and resolver: without these references it is
+    # freed now, not left for the cycle collector (which lint pauses while it runs).
+    loader.__dict__.clear()
 
 
 @dataclass
@@ -170,7 +187,7 @@ class Document:
         points at the nearest enclosing one, which is where the fix goes.
         """
         if self._tree is None:
-            self._tree = _fast_yaml().compose(self.text)
+            self._tree = _compose(self.text)
         node: Node | None = self._tree
         mark = node.start_mark if node is not None else None
         for i, step in enumerate(path):
@@ -373,9 +390,10 @@ def _reused_anchor(text: str) -> tuple[int, int]:
     """Where the first list or mapping used twice was anchored (the composer hands an
     alias the very node its anchor made)."""
     try:
-        stack: list[Node] = [_fast_yaml().compose(text)]
+        root = _compose(text)
     except (YAMLError, RecursionError):
         return 1, 1
+    stack: list[Node] = [root] if root is not None else []
     seen: set[int] = set()
     while stack:
         node = stack.pop()

@@ -6,11 +6,14 @@ filled in, so that nothing downstream has to know the catalogue's rules.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
 import re
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -28,6 +31,23 @@ if TYPE_CHECKING:  # the gateway imports this module, and must not pull in the c
     from llmgw.rules import Entry
 
 FORMAT_VERSION = "1"
+
+
+@contextmanager
+def cycle_collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused while a stage builds its many small objects.
+
+    Catalogue documents, typed models, findings and plans hold no reference cycles, yet
+    the collector walked every live object again and again as they were built: a third
+    of linting and planning 5,000 models. It runs as usual once the stage is done.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def canonical_json(doc: Any) -> bytes:
@@ -68,6 +88,13 @@ def build_plan(
     With a Kubernetes target the fit checks are the same, but no replica is pinned to a
     node: each (model, profile) becomes a workload, and its replicas one DNS name.
     """
+    with cycle_collector_paused():
+        return _build_plan(result, previous, target)
+
+
+def _build_plan(
+    result: LintResult, previous: Plan | None, target: KubernetesTarget | None
+) -> dict[str, Any]:
     plan: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "digest": "",
