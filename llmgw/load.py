@@ -1,8 +1,8 @@
 """Files → documents that remember where each value came from.
 
 Parsing 5,000 model files must take well under a second, so every file is loaded once
-with ruamel's C parser, which keeps no positions, and a plain file (string keys, no
-tags, anchors or repeated keys: what catalogue files are) is built straight from the
+with ruamel's C parser, which keeps no positions, and a plain file (string keys; no
+tags, aliases or repeated keys: what catalogue files are) is built straight from the
 parser's nodes. Anything else takes ruamel's whole safe loader, which also says what is
 wrong. Only a file that has a finding is parsed a second time, into the C parser's node
 tree, to learn the line and column of the value the finding is about.
