@@ -211,8 +211,12 @@ def _pattern(pattern: Any) -> Check:
 def _unique(unique: Any) -> Check:
     if not unique:
         return _always
-    # Strings are unique as a set says; other items are left to jsonschema (1 == True).
-    return lambda x: not isinstance(x, list) or (all(isinstance(i, str) for i in x) and len(set(x)) == len(x))
+    # Strings and whole numbers are unique as a set says; other items are left to jsonschema,
+    # which holds True and 1 apart.
+    return lambda x: (
+        not isinstance(x, list)
+        or (all(type(i) is str or type(i) is int for i in x) and len(set(x)) == len(x))
+    )
 
 
 def _bound(holds: Callable[[Any, Any], bool]) -> Callable[[Any], Check]:
