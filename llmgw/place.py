@@ -97,7 +97,7 @@ class _NodeState:
         held[0] += len(taken)
         held[1] += 0.0 if gpus else need_gb
         for room, i in self.rooms:
-            room.update(i, self)
+            room.update(i)
         return Slot(self.node, port, taken)
 
     def held(self, gpus: bool) -> str:
@@ -110,27 +110,40 @@ class _NodeState:
         return ", ".join(f"{m} ({unit(-n)})" for n, m in rows) or "nothing"
 
 
+# Nodes the search tries one by one from the cursor before it asks the tree.
+_WALK = 32
+
+
 class _Room:
     """Max trees over one tier's nodes, for the first node from the cursor with room.
 
     The search went node by node from the cursor: when most nodes were full, every replica
     walked the whole tier, and 10,000 nodes took minutes. A tree finds the same node, the
     first in the same order whose free memory (or free GPUs) is enough, in log n steps.
-    A node without a free port has no room at all.
+    A node without a free port has no room at all. While the fleet has room the next few
+    nodes serve, so the tree is built at its first question and kept up to date lazily.
     """
 
     def __init__(self, states: list[_NodeState]) -> None:
+        self.states = states
         self.size = 1 << max(0, len(states) - 1).bit_length()
-        self.gb = [-math.inf] * (2 * self.size)
-        self.gpus = [-1] * (2 * self.size)
+        self.gb: list[float] = []
+        self.gpus: list[int] = []
+        self.changed: set[int] = set()
         # The most GPU memory a node here has: a replica needing more per GPU fits nowhere.
         self.gpu_memory = max((s.node.gpu_memory_gb for s in states), default=0.0)
         for i, state in enumerate(states):
-            self.gb[self.size + i], self.gpus[self.size + i] = self._leaf(state)
             state.rooms.append((self, i))
+
+    def _build(self) -> None:
+        self.gb = [-math.inf] * (2 * self.size)
+        self.gpus = [-1] * (2 * self.size)
+        for i, state in enumerate(self.states):
+            self.gb[self.size + i], self.gpus[self.size + i] = self._leaf(state)
         for p in range(self.size - 1, 0, -1):
             self.gb[p] = max(self.gb[2 * p], self.gb[2 * p + 1])
             self.gpus[p] = max(self.gpus[2 * p], self.gpus[2 * p + 1])
+        self.changed.clear()
 
     @staticmethod
     def _leaf(state: _NodeState) -> tuple[float, int]:
@@ -138,20 +151,31 @@ class _Room:
             return -math.inf, -1
         return state.free_gb, state.free_gpus
 
-    def update(self, i: int, state: _NodeState) -> None:
-        p = self.size + i
-        self.gb[p], self.gpus[p] = self._leaf(state)
-        p //= 2
-        while p:
-            self.gb[p] = max(self.gb[2 * p], self.gb[2 * p + 1])
-            self.gpus[p] = max(self.gpus[2 * p], self.gpus[2 * p + 1])
+    def update(self, i: int) -> None:
+        if self.gb:
+            self.changed.add(i)
+
+    def _catch_up(self) -> None:
+        if not self.gb or len(self.changed) > self.size // 8:
+            self._build()
+            return
+        for i in self.changed:
+            p = self.size + i
+            self.gb[p], self.gpus[p] = self._leaf(self.states[i])
             p //= 2
+            while p:
+                self.gb[p] = max(self.gb[2 * p], self.gb[2 * p + 1])
+                self.gpus[p] = max(self.gpus[2 * p], self.gpus[2 * p + 1])
+                p //= 2
+        self.changed.clear()
 
     def first(self, lo: int, hi: int, need_gb: float, gpus: int) -> int | None:
         """The first node in [lo, hi) that may fit: enough free GPUs for a GPU replica (its
         GPUs' memory is the caller's check), else enough free memory."""
         if gpus and self.gpu_memory * gpus < need_gb:
             return None
+        if not self.gb or self.changed:
+            self._catch_up()
         values: list[Any] = self.gpus if gpus else self.gb
         least: float = gpus if gpus else need_gb
         found = self._first(values, 1, 0, self.size, lo, hi, least)
@@ -358,18 +382,29 @@ class _Chooser:
         n = len(tier)
         if not n:
             return None
-        room = self.rooms[key]
         start = self.cursors.get(key, 0) % n
-        for lo, hi in ((start, n), (0, start)):
+        # The next few nodes one by one: while the fleet has room, one of them fits.
+        for step in range(min(n, _WALK)):
+            i = (start + step) % n
+            s = tier[i]
+            if (same or model not in s.models) and s.fits(want.need_gb, want.gpus):
+                self.cursors[key] = i + 1
+                return s.take(model, want.need_gb, want.gpus)
+        if n <= _WALK:
+            return None
+        # The rest of the way round, by the tree.
+        room = self.rooms[key]
+        begin = (start + _WALK) % n
+        for lo, hi in ((begin, start),) if begin < start else ((begin, n), (0, start)):
             while lo < hi:
-                i = room.first(lo, hi, want.need_gb, want.gpus)
-                if i is None:
+                found = room.first(lo, hi, want.need_gb, want.gpus)
+                if found is None:
                     break
-                s = tier[i]
+                s = tier[found]
                 if (same or model not in s.models) and s.fits(want.need_gb, want.gpus):
-                    self.cursors[key] = i + 1
+                    self.cursors[key] = found + 1
                     return s.take(model, want.need_gb, want.gpus)
-                lo = i + 1
+                lo = found + 1
         return None
 
 
