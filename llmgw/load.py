@@ -1,9 +1,11 @@
 """Files → documents that remember where each value came from.
 
-Parsing 5,000 model files must take about a second, so every file is loaded once
-with ruamel's C loader, which keeps no positions. Only a file that has a finding
-is parsed a second time, into the C parser's node tree, to learn the line and
-column of the value the finding is about.
+Parsing 5,000 model files must take well under a second, so every file is loaded once
+with ruamel's C parser, which keeps no positions, and a plain file (string keys; no
+tags, aliases or repeated keys: what catalogue files are) is built straight from the
+parser's nodes. Anything else takes ruamel's whole safe loader, which also says what is
+wrong. Only a file that has a finding is parsed a second time, into the C parser's node
+tree, to learn the line and column of the value the finding is about.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.constructor import DuplicateKeyError
+from ruamel.yaml.constructor import DuplicateKeyError, SafeConstructor
+from ruamel.yaml.cyaml import CParser  # type: ignore[attr-defined]  # clib's, or clibz's
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ruamel.yaml.resolver import VersionedResolver
+from ruamel.yaml.tag import Tag
 
 from llmgw.findings import Finding, Severity
 
@@ -51,6 +55,122 @@ def _fast_yaml() -> YAML:
     return fast
 
 
+# One Tag object per YAML 1.2 tag, so that the plain path knows a node's type by identity.
+# ruamel's resolver makes a new Tag for every scalar, and its loader a new class per file:
+# two thirds of the time it spent on 5,000 model files.
+_TAGS: dict[str, Tag] = {}
+
+
+def _shared_tag(name: str) -> Tag:
+    return _TAGS.setdefault(name, Tag(suffix=name))
+
+
+_STR, _SEQ, _MAP = (_shared_tag(f"tag:yaml.org,2002:{t}") for t in ("str", "seq", "map"))
+_INT, _NULL = _shared_tag("tag:yaml.org,2002:int"), _shared_tag("tag:yaml.org,2002:null")
+# ruamel's own YAML 1.2 table (first character → (tag, pattern) in its order), so that a
+# plain scalar resolves exactly as the full loader resolves it.
+_TABLE: dict[str | None, list[tuple[str, Any]]] = _Yaml12Resolver().versioned_resolver
+_IMPLICIT: dict[str | None, list[tuple[Tag, Any]]] = {
+    first: [(_shared_tag(tag), pattern) for tag, pattern in [*resolvers, *_TABLE.get(None, [])]]
+    for first, resolvers in _TABLE.items()
+}
+_ANY_FIRST = _IMPLICIT.get(None, [])
+_RESOLVED = frozenset(id(tag) for tag in _TAGS.values())
+
+
+class _NotPlain(Exception):
+    """The file uses YAML a catalogue file does not need; the full loader reads it."""
+
+
+class _PlainLoader(CParser, SafeConstructor, _Yaml12Resolver):  # type: ignore[misc]  # CParser is Any
+    """ruamel's C parser and composer, with a resolver that answers from `_IMPLICIT`."""
+
+    def __init__(self, text: str) -> None:
+        CParser.__init__(self, text)
+        self._parser = self._composer = self
+        SafeConstructor.__init__(self, loader=self)
+        _Yaml12Resolver.__init__(self, loadumper=self)
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Tag:
+        if kind is ScalarNode:
+            if implicit[0]:
+                for tag, pattern in _IMPLICIT.get(value[:1], _ANY_FIRST):
+                    if pattern.match(value):
+                        return tag
+            return _STR
+        return _SEQ if kind is SequenceNode else _MAP
+
+    # No path resolvers are registered: the composer's calls to these need do nothing.
+    def descend_resolver(self, current_node: Any, current_index: Any) -> None:
+        return None
+
+    def ascend_resolver(self) -> None:
+        return None
+
+    def build(self, node: Node, seen: set[int]) -> Any:
+        """The value of `node`, as ruamel's safe loader builds it; _NotPlain when that
+        takes more than dicts with string keys, lists and scalars."""
+        tag = node.ctag
+        if tag is _STR:
+            return node.value
+        kind = type(node)
+        if kind is MappingNode:
+            if tag is not _MAP or id(node) in seen:
+                raise _NotPlain  # a tag, or an alias: the full loader shares the object
+            seen.add(id(node))
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                if key_node.ctag is not _STR or type(key_node) is not ScalarNode:
+                    raise _NotPlain  # `<<` merges, non-string keys
+                key = key_node.value
+                if key in out:
+                    raise _NotPlain  # the full loader says which key, and where
+                out[key] = self.build(value_node, seen)
+            return out
+        if kind is SequenceNode:
+            if tag is not _SEQ or id(node) in seen:
+                raise _NotPlain
+            seen.add(id(node))
+            return [self.build(item, seen) for item in node.value]
+        if tag is _INT and node.value.isdigit():  # the resolver matched [0-9]: ASCII only
+            return int(node.value)
+        if tag is _NULL:
+            return None
+        if id(tag) in _RESOLVED:  # a resolved bool, float, signed or based int, or a date
+            return self.construct_non_recursive_object(node)
+        raise _NotPlain  # an explicit tag
+
+
+def _plain_data(text: str) -> Any:
+    """The file's data by the plain path, or _NotPlain (the class) when it needs the full loader."""
+    loader = _PlainLoader(text)
+    try:
+        node = loader.get_single_node()
+        return None if node is None else loader.build(node, set())
+    except Exception:  # a mistake, or YAML beyond the plain path: the full loader
+        # reads the file again and, for a mistake, says what it is and where.
+        return _NotPlain
+    finally:
+        _release(loader)
+
+
+def _compose(text: str) -> Node | None:
+    """The C composer's node tree of `text`, as ruamel's `compose` gives it: for positions."""
+    loader = _PlainLoader(text)
+    try:
+        node: Node | None = loader.get_single_node()
+        return node
+    finally:
+        _release(loader)
+
+
+def _release(loader: _PlainLoader) -> None:
+    loader.dispose()
+    # The loader is its own parser, composer and resolver: without these references it is
+    # freed now, not left for the cycle collector (which lint pauses while it runs).
+    loader.__dict__.clear()
+
+
 @dataclass
 class Document:
     """One parsed file. `data` is plain dicts and lists; positions come from `position()`."""
@@ -67,7 +187,7 @@ class Document:
         points at the nearest enclosing one, which is where the fix goes.
         """
         if self._tree is None:
-            self._tree = _fast_yaml().compose(self.text)
+            self._tree = _compose(self.text)
         node: Node | None = self._tree
         mark = node.start_mark if node is not None else None
         for i, step in enumerate(path):
@@ -125,6 +245,10 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
                 display, 1, 1, "yaml", "error", f"the file is not UTF-8 (byte {exc.start}); save it as UTF-8."
             )
         ]
+    data = _plain_data(text)
+    if data is not _NotPlain:
+        # The plain path refuses any list or mapping met twice, so no alias is in it.
+        return Document(display, text, data), []
     try:
         data = _fast_yaml().load(text)
     except MarkedYAMLError as exc:
@@ -311,9 +435,10 @@ def _reused_anchor(text: str) -> tuple[int, int]:
     """Where the first list or mapping used twice was anchored (the composer hands an
     alias the very node its anchor made)."""
     try:
-        stack: list[Node] = [_fast_yaml().compose(text)]
+        root = _compose(text)
     except (YAMLError, RecursionError):
         return 1, 1
+    stack: list[Node] = [root] if root is not None else []
     seen: set[int] = set()
     while stack:
         node = stack.pop()

@@ -10,6 +10,8 @@ the fleet and restart engines that were serving fine.
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +59,8 @@ class _NodeState:
     replicas: int = 0
     # Model → GPUs and GB its replicas hold here: a shortage names who holds the room.
     holders: dict[str, list[float]] = field(default_factory=dict)
+    # The search trees this node is a leaf of, told when it gives up room.
+    rooms: list[tuple[_Room, int]] = field(default_factory=list)
 
     @property
     def free_gpus(self) -> int:
@@ -96,6 +100,8 @@ class _NodeState:
         held = self.holders.setdefault(model, [0, 0.0])
         held[0] += len(taken)
         held[1] += 0.0 if gpus else need_gb
+        for room, i in self.rooms:
+            room.update(i)
         return Slot(self.node, port, taken)
 
     def held(self, gpus: bool) -> str:
@@ -107,6 +113,88 @@ class _NodeState:
             return f"{n:g} GPU{'' if n == 1 else 's'}" if gpus else f"{n:g} GB"
 
         return ", ".join(f"{m} ({unit(-n)})" for n, m in rows) or "nothing"
+
+
+# Nodes the search tries one by one from the cursor before it asks the tree.
+_WALK = 32
+
+
+class _Room:
+    """Max trees over one tier's nodes, for the first node from the cursor with room.
+
+    The search went node by node from the cursor: when most nodes were full, every replica
+    walked the whole tier, and 10,000 nodes took minutes. A tree finds the same node, the
+    first in the same order whose free memory (or free GPUs) is enough, in log n steps.
+    A node without a free port has no room at all. While the fleet has room the next few
+    nodes serve, so the tree is built at its first question and kept up to date lazily.
+    """
+
+    def __init__(self, states: list[_NodeState]) -> None:
+        self.states = states
+        self.size = 1 << max(0, len(states) - 1).bit_length()
+        self.gb: list[float] = []
+        self.gpus: list[int] = []
+        self.changed: set[int] = set()
+        # The most GPU memory a node here has: a replica needing more per GPU fits nowhere.
+        self.gpu_memory = max((s.node.gpu_memory_gb for s in states), default=0.0)
+        for i, state in enumerate(states):
+            state.rooms.append((self, i))
+
+    def _build(self) -> None:
+        self.gb = [-math.inf] * (2 * self.size)
+        self.gpus = [-1] * (2 * self.size)
+        for i, state in enumerate(self.states):
+            self.gb[self.size + i], self.gpus[self.size + i] = self._leaf(state)
+        for p in range(self.size - 1, 0, -1):
+            self.gb[p] = max(self.gb[2 * p], self.gb[2 * p + 1])
+            self.gpus[p] = max(self.gpus[2 * p], self.gpus[2 * p + 1])
+        self.changed.clear()
+
+    @staticmethod
+    def _leaf(state: _NodeState) -> tuple[float, int]:
+        if state.next_port > state.node.ports.last:
+            return -math.inf, -1
+        return state.free_gb, state.free_gpus
+
+    def update(self, i: int) -> None:
+        if self.gb:
+            self.changed.add(i)
+
+    def _catch_up(self) -> None:
+        if not self.gb or len(self.changed) > self.size // 8:
+            self._build()
+            return
+        for i in self.changed:
+            p = self.size + i
+            self.gb[p], self.gpus[p] = self._leaf(self.states[i])
+            p //= 2
+            while p:
+                self.gb[p] = max(self.gb[2 * p], self.gb[2 * p + 1])
+                self.gpus[p] = max(self.gpus[2 * p], self.gpus[2 * p + 1])
+                p //= 2
+        self.changed.clear()
+
+    def first(self, lo: int, hi: int, need_gb: float, gpus: int) -> int | None:
+        """The first node in [lo, hi) that may fit: enough free GPUs for a GPU replica (its
+        GPUs' memory is the caller's check), else enough free memory."""
+        if gpus and self.gpu_memory * gpus < need_gb:
+            return None
+        if not self.gb or self.changed:
+            self._catch_up()
+        values: list[Any] = self.gpus if gpus else self.gb
+        least: float = gpus if gpus else need_gb
+        found = self._first(values, 1, 0, self.size, lo, hi, least)
+        return found if found >= 0 else None
+
+    def _first(self, values: list[Any], p: int, start: int, end: int, lo: int, hi: int,
+               least: float) -> int:
+        if end <= lo or start >= hi or not values[p] >= least:
+            return -1
+        if end - start == 1:
+            return start
+        mid = (start + end) // 2
+        found = self._first(values, 2 * p, start, mid, lo, hi, least)
+        return found if found >= 0 else self._first(values, 2 * p + 1, mid, end, lo, hi, least)
 
 
 @dataclass
@@ -248,6 +336,7 @@ class _Chooser:
     def __init__(self, states: list[_NodeState]) -> None:
         self.states = sorted(states, key=lambda s: s.node.name)
         self.groups: dict[tuple[Any, ...], list[list[_NodeState]]] = {}
+        self.rooms: dict[tuple[Any, ...], _Room] = {}
         self.cursors: dict[tuple[Any, ...], int] = {}
 
     def _tiers(self, profile: Profile) -> tuple[tuple[Any, ...], list[list[_NodeState]]]:
@@ -260,6 +349,8 @@ class _Chooser:
                 reports = s.node.reports(profile.engine)
                 tiers[engine_tier(reports)].append(s)
             self.groups[key] = tiers
+            for t, tier in enumerate(tiers):
+                self.rooms[key + (t,)] = _Room(tier)
         return key, self.groups[key]
 
     def room_with_engine(self, want: _Want) -> bool:
@@ -298,14 +389,34 @@ class _Chooser:
     def _scan(
         self, key: tuple[Any, ...], tier: list[_NodeState], want: _Want, model: str, same: bool
     ) -> Slot | None:
+        """The first node from the cursor on, round the tier, that fits `want` (and holds
+        none of its model's replicas, unless `same`)."""
         n = len(tier)
-        start = self.cursors.get(key, 0)
-        for step in range(n):
+        if not n:
+            return None
+        start = self.cursors.get(key, 0) % n
+        # The next few nodes one by one: while the fleet has room, one of them fits.
+        for step in range(min(n, _WALK)):
             i = (start + step) % n
             s = tier[i]
             if (same or model not in s.models) and s.fits(want.need_gb, want.gpus):
                 self.cursors[key] = i + 1
                 return s.take(model, want.need_gb, want.gpus)
+        if n <= _WALK:
+            return None
+        # The rest of the way round, by the tree.
+        room = self.rooms[key]
+        begin = (start + _WALK) % n
+        for lo, hi in ((begin, start),) if begin < start else ((begin, n), (0, start)):
+            while lo < hi:
+                found = room.first(lo, hi, want.need_gb, want.gpus)
+                if found is None:
+                    break
+                s = tier[found]
+                if (same or model not in s.models) and s.fits(want.need_gb, want.gpus):
+                    self.cursors[key] = found + 1
+                    return s.take(model, want.need_gb, want.gpus)
+                lo = found + 1
         return None
 
 
@@ -329,7 +440,9 @@ def _result(
         if slot.node.reports(want.profile.engine) is False and chooser.engine_may_run(want.profile):
             lacking.setdefault(pair, []).append((want, slot))
     by_name = {s.node.name: s for s in states}
-    findings = [_why_short(ws, len(slots.get(pair, [])), fleet, by_name) for pair, ws in short.items()]
+    eligible: dict[tuple[Any, ...], _Eligible] = {}
+    findings = [_why_short(ws, len(slots.get(pair, [])), fleet, by_name, eligible)
+                for pair, ws in short.items()]
     findings += [_on_nodes_lacking_the_engine(placed) for placed in lacking.values()]
     return Placement(slots, [f for f in findings if f], sorted(states, key=lambda s: s.node.name))
 
@@ -348,13 +461,47 @@ def _on_nodes_lacking_the_engine(placed: list[tuple[_Want, Slot]]) -> Finding:
     )
 
 
+class _Eligible:
+    """The nodes a shortage is explained against, for one selector and GPU count, worked
+    out once: for each short profile again, they took minutes at 10,000 nodes."""
+
+    def __init__(self, nodes: list[Node], profile: Profile) -> None:
+        self.nodes = nodes
+        self.most_gpus = max((n.gpu_count for n in nodes), default=0)
+        self.capacity = sorted((capacity_gb(n, profile), n.name) for n in nodes)
+        self.sizes = [size for size, _ in self.capacity]
+        self._largest = max(nodes, key=lambda n: (capacity_gb(n, profile), n.name)) if nodes else None
+        self._fit: dict[float, list[str]] = {}
+
+    def fits_somewhere(self, need_gb: float) -> bool:
+        return bool(self.sizes) and self.sizes[-1] >= need_gb
+
+    def largest(self) -> Node:
+        assert self._largest is not None  # there are eligible nodes
+        return self._largest
+
+    def fit(self, need_gb: float) -> list[str]:
+        """The names of the nodes that can hold `need_gb`, sorted."""
+        i = bisect.bisect_left(self.sizes, need_gb)
+        if i == len(self.sizes):
+            return []
+        least = self.sizes[i]
+        if least not in self._fit:
+            self._fit[least] = sorted(name for _, name in self.capacity[i:])
+        return self._fit[least]
+
+
 def _why_short(
-    missing: list[_Want], placed: int, fleet: Fleet, states: dict[str, _NodeState]
+    missing: list[_Want], placed: int, fleet: Fleet, states: dict[str, _NodeState],
+    known: dict[tuple[Any, ...], _Eligible],
 ) -> Finding | None:
     want = missing[0]
     entry, profile = want.entry, want.profile
-    eligible = fleet.matching(profile.node_selector)
-    if not eligible:
+    key = (tuple(sorted(profile.node_selector.items())), profile.gpus_needed)
+    if key not in known:
+        known[key] = _Eligible(fleet.matching(profile.node_selector), profile)
+    eligible = known[key]
+    if not eligible.nodes:
         return None  # selector-matches-nothing already says so
     total = placed + len(missing)
     head = (
@@ -363,20 +510,18 @@ def _why_short(
     )
     selector = ", ".join(f"{k}: {v}" for k, v in sorted(profile.node_selector.items()))
     where = f"nodes matching {{{selector}}}" if selector else "nodes"
-    if want.gpus and max(n.gpu_count for n in eligible) < want.gpus:
-        most = max(n.gpu_count for n in eligible)
+    if want.gpus and eligible.most_gpus < want.gpus:
+        most = eligible.most_gpus
         has = f"have at most {most}" if most else "have none"
         reason = (
             f"a replica needs {want.gpus} GPU(s) and the {where} {has}. "
             "Lower gpus, or add a node with more GPUs."
         )
         if not any(n.gpu_count for n in fleet.nodes) and profile.engine in GPU_ENGINES:
-            reason += (
-                f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
-                "the same model runs on the CPU nodes with engine llamacpp."
-            )
-    elif not any(capacity_gb(n, profile) >= want.need_gb for n in eligible):
-        largest = max(eligible, key=lambda n: (capacity_gb(n, profile), n.name))
+            reason += (f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
+                       "the same model runs on the CPU nodes with engine llamacpp.")
+    elif not eligible.fits_somewhere(want.need_gb):
+        largest = eligible.largest()
         memory = entry.memory(profile)
         basis = f" ({memory.basis})" if memory is not None else ""
         reason = (
@@ -385,7 +530,7 @@ def _why_short(
             "min_memory_gb if the estimate is wrong, or add a larger node."
         )
     else:
-        fit = sorted(n.name for n in eligible if capacity_gb(n, profile) >= want.need_gb)
+        fit = eligible.fit(want.need_gb)
         if all(states[name].next_port > states[name].node.ports.last for name in fit):
             room = (
                 f"({_each(fit, str)}) have no ports left in their port ranges; widen ports in "

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import copy
 from difflib import get_close_matches
-from typing import Any
-
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from llmgw.findings import Finding
 from llmgw.load import Document
-from llmgw.schema import validator
+from llmgw.schema import proves_valid, validator
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 
 def check_document(doc: Document, name: str) -> tuple[list[Finding], dict[str, Any] | None]:
     """Every schema violation in `doc`, each at the offending value's line; and the data
     the later stages may check (see `without_mistakes`), or None."""
+    if proves_valid(name)(doc.data):
+        return [], doc.data
     errors = list(validator(name).iter_errors(doc.data))
     findings: list[Finding] = []
     for error in errors:
