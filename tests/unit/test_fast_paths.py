@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,7 @@ from llmgw.load import _fast_yaml, _NotPlain, _plain_data, load_document
 from llmgw.model import Node
 from llmgw.place import _NodeState, _Room
 from llmgw.plan import dump_plan
-from llmgw.schema import proves_valid, validator
+from llmgw.schema import load_schema, proves_valid, validator
 from tests.unit.helpers import model_yaml
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -191,6 +192,70 @@ def test_a_document_proved_valid_is_one_jsonschema_finds_nothing_wrong_with(mode
     if proves_valid("model")(data):
         errors = [e.message for e in validator("model").iter_errors(data)]
         assert not errors, f"proved valid, but jsonschema says: {errors}"
+
+
+# What draft 7 has (fastjsonschema reads the schemas as draft 7), less what only annotates.
+_DRAFT_7_KEYWORDS = {
+    "$ref",
+    "$defs",
+    "$schema",
+    "$id",
+    "$comment",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "additionalProperties",
+    "required",
+    "items",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "format",
+    "patternProperties",
+    "propertyNames",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "not",
+    "if",
+    "then",
+    "else",
+}
+
+
+def _keywords(schema, found):
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            found.add(key)
+            if key in ("properties", "$defs", "patternProperties"):
+                for sub in value.values():
+                    _keywords(sub, found)
+            elif key not in ("enum", "const", "required", "examples", "default"):
+                _keywords(value, found)
+    elif isinstance(schema, list):
+        for sub in schema:
+            _keywords(sub, found)
+    return found
+
+
+@pytest.mark.parametrize("name", ["model", "fleet", "plan", "keys"])
+def test_the_schemas_use_only_keywords_the_quick_check_knows(name):
+    # A 2020-12 keyword draft 7 lacks (prefixItems, unevaluatedProperties...) would be
+    # ignored by the quick check: a file jsonschema refuses would be proved valid.
+    unknown = _keywords(load_schema(name), set()) - _DRAFT_7_KEYWORDS
+    assert not unknown, f"schema/{name}.schema.json uses {sorted(unknown)}, which the quick check ignores"
 
 
 def test_every_bundled_model_and_the_fleet_are_proved_valid():
