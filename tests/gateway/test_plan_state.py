@@ -61,7 +61,7 @@ def test_a_deploy_refused_by_one_worker_is_reported_by_another_until_a_plan_load
     first = plan_named("first")
     write_plan(path, first)
     took_deploy, other = PlanState(path), PlanState(path)  # two workers on one plan file
-    bad = dict(plan_named("bad"), digest="0" * 64)
+    bad = dict(plan_named("bad").doc, digest="0" * 64)
 
     async def run() -> None:
         with pytest.raises(PlanError):
@@ -69,7 +69,7 @@ def test_a_deploy_refused_by_one_worker_is_reported_by_another_until_a_plan_load
         await other.check_file()
         assert other.refusal == took_deploy.refusal, "the other worker does not say the deploy was refused"
         assert other.refusal and "digest" in other.refusal
-        assert other.table.digest == first["digest"]
+        assert other.table.digest == first.digest
         # A worker started now (gunicorn replacing one that died) says so too.
         assert PlanState(path).refusal == took_deploy.refusal
         good = plan_named("good")
@@ -77,7 +77,7 @@ def test_a_deploy_refused_by_one_worker_is_reported_by_another_until_a_plan_load
         for state in (took_deploy, other):
             await state.check_file()
             assert state.refusal is None, "a plan that loaded still shows the old refusal"
-            assert state.table.digest == good["digest"]
+            assert state.table.digest == good.digest
         assert PlanState(path).refusal is None, "the lapsed refusal came back in a new worker"
 
     asyncio.run(run())
