@@ -19,6 +19,7 @@ from llmgw.gateway.routing import Replica
 from llmgw.gateway.upstream import Upstream
 
 log = logging.getLogger("llmgw.gateway")
+PROBES_AT_ONCE = 64
 
 
 class Health:
@@ -59,9 +60,20 @@ class Health:
 
     async def watch(self, state: PlanState, interval: float) -> None:
         while True:
-            replicas = list(state.table.every_replica().values())
             try:
-                await asyncio.gather(*(self.probe(r) for r in replicas))
+                await self.round(list(state.table.every_replica().values()))
             except Exception:  # a bug in one round must not stop checking for good
                 log.exception("health check round failed")
             await asyncio.sleep(interval)
+
+    async def round(self, replicas: list[Replica]) -> None:
+        """Probe every replica once, a bounded number at a time: a 5,000-model plan's
+        10,000 probes started at once queued every other event behind them, and /readyz
+        took seconds to answer."""
+        queue = iter(replicas)
+
+        async def prober() -> None:
+            for replica in queue:
+                await self.probe(replica)
+
+        await asyncio.gather(*(prober() for _ in range(min(PROBES_AT_ONCE, len(replicas)))))
