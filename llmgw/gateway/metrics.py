@@ -171,27 +171,20 @@ def _registry() -> Collector:
 
 def usage_by_key() -> dict[str, dict[str, float]]:
     """Per key name, summed over the workers: requests, prompt_tokens, completion_tokens."""
-    usage: dict[str, dict[str, float]] = {}
-    for metric in _registry().collect():
-        for sample in metric.samples:
-            if sample.name == "llmgw_requests_total":
-                field = "requests"
-            elif sample.name == "llmgw_tokens_total":
-                field = f"{sample.labels.get('kind')}_tokens"
-            else:
-                continue
-            per_key = usage.setdefault(sample.labels.get("key", "-"), {})
-            per_key[field] = per_key.get(field, 0.0) + sample.value
-    return usage
+    return _usage("key", "-")
 
 
 def usage_of_key(name: str) -> dict[str, dict[str, float]]:
     """One key's usage per model, summed over the workers: requests, prompt_tokens,
     completion_tokens."""
+    return _usage("model", "unknown", key=name)
+
+
+def _usage(by: str, unlabelled: str, key: str | None = None) -> dict[str, dict[str, float]]:
     usage: dict[str, dict[str, float]] = {}
     for metric in _registry().collect():
         for sample in metric.samples:
-            if sample.labels.get("key") != name:
+            if key is not None and sample.labels.get("key") != key:
                 continue
             if sample.name == "llmgw_requests_total":
                 field = "requests"
@@ -199,8 +192,8 @@ def usage_of_key(name: str) -> dict[str, dict[str, float]]:
                 field = f"{sample.labels.get('kind')}_tokens"
             else:
                 continue
-            per_model = usage.setdefault(sample.labels.get("model", "unknown"), {})
-            per_model[field] = per_model.get(field, 0.0) + sample.value
+            group = usage.setdefault(sample.labels.get(by, unlabelled), {})
+            group[field] = group.get(field, 0.0) + sample.value
     return usage
 
 

@@ -1,16 +1,16 @@
-"""The wire to the engines: plain HTTP/1.1 keep-alive, under httpx's types.
+"""The wire to the engines: plain HTTP/1.1 keep-alive, raising httpx's exception types.
 
 httpx's default transport (httpcore on anyio, parsing with h11) spends about 0.35 ms of CPU
 per request, and its pool slows as requests in flight grow; measured on a 2-core machine it
 capped the whole gateway near 800 requests/s. Engines speak only plain HTTP/1.1 on the LAN,
 so this transport does just that, on asyncio protocols with httptools (the parser uvicorn
-already uses): the client, its timeouts and its exception types stay httpx's, and the
-proxy code does not know the difference.
+already uses). Its errors and timeouts are httpx's, so the proxy treats an https endpoint
+(through httpx's own transport) and a plain one alike.
 
-The proxy hands its requests to the transport itself (`Upstream.send`), not through
-httpx.AsyncClient.send: the client's cookie jar, auth and redirect steps are nothing an
-engine needs, and cost a fifth of the gateway's CPU per request in a profile. Health checks
-keep the client, over the same transport and so the same pool.
+The proxy and the health checks hand their requests to it directly (`Upstream.post`,
+`Upstream.status`), not through httpx.AsyncClient: the client's cookie jar, auth and
+redirect steps, and the Request and Response objects it builds, are nothing an engine needs,
+and cost a fifth of the gateway's CPU per request in a profile.
 
     pool per (host, port): idle connections in a deque, newest first
     a response's bytes are queued by the protocol as they arrive; reading past 1 MiB
@@ -258,34 +258,10 @@ class RawHeaders:
         return default
 
 
-class FastTransport(httpx.AsyncBaseTransport):
+class FastTransport:
     def __init__(self, max_idle_per_host: int = 256) -> None:
         self.max_idle = max_idle_per_host
         self.idle: dict[tuple[str, int], deque[_Connection]] = {}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """httpx's interface, for the health checks' client."""
-        url = request.url
-        if url.scheme != "http":
-            raise httpx.UnsupportedProtocol(
-                f"{url} is not plain http; the client mounts httpx's own transport for https."
-            )
-        timeouts: dict[str, Any] = request.extensions.get("timeout", {})
-        reply = await self.request(
-            request.method.encode(),
-            (url.host, url.port or 80),
-            url.raw_path,
-            request.headers.raw,
-            request.content,  # the gateway always sends bytes it holds in memory
-            timeouts.get("connect"),
-            timeouts.get("read"),
-        )
-        return httpx.Response(
-            reply.status_code,
-            headers=reply.headers.raw,
-            stream=reply.body,
-            extensions={"http_version": b"HTTP/1.1"},
-        )
 
     async def request(
         self,

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 
-from llmgw.gateway.upstream import FastTransport
+from llmgw.gateway.upstream import FastTransport, Target, Upstream
 
-ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"
+ANSWER = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
+
+
+async def _post(upstream: Upstream, port: int) -> tuple[int, bytes]:
+    """POST {} as the proxy does; the status and the whole body."""
+    target = Target("http", ("127.0.0.1", port), f"http://127.0.0.1:{port}", "/v1/x")
+    reply = await upstream.post(target, [], b"{}", {})
+    try:
+        return reply.status_code, b"".join([chunk async for chunk in reply.aiter_raw()])
+    finally:
+        await reply.aclose()
+
+
+def _upstream() -> Upstream:
+    return Upstream(FastTransport(), httpx.AsyncHTTPTransport())
 
 
 async def _one_request_per_connection(counts: dict[str, int]) -> asyncio.Server:
@@ -38,11 +53,12 @@ def test_a_kept_alive_connection_the_engine_closed_is_retried_on_a_new_one():
         server = await _one_request_per_connection(counts)
         port = server.sockets[0].getsockname()[1]
         statuses = []
-        async with httpx.AsyncClient(transport=FastTransport()) as client:
-            for _ in range(3):
-                response = await client.post(f"http://127.0.0.1:{port}/v1/x", content=b"{}")
-                statuses.append(response.status_code)
-                assert response.json() == {"ok": True}
+        upstream = _upstream()
+        for _ in range(3):
+            status, body = await _post(upstream, port)
+            statuses.append(status)
+            assert json.loads(body) == {"ok": True}
+        await upstream.aclose()
         server.close()
         assert counts["connections"] == 3
         return statuses
@@ -58,13 +74,14 @@ def test_an_engine_that_hangs_up_on_a_new_connection_is_an_error_not_a_retry_loo
 
         server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        async with httpx.AsyncClient(transport=FastTransport()) as client:
-            try:
-                await client.post(f"http://127.0.0.1:{port}/v1/x", content=b"{}")
-            except httpx.RemoteProtocolError:
-                pass
-            else:
-                raise AssertionError("a hang-up before any answer must be an upstream error")
+        upstream = _upstream()
+        try:
+            await _post(upstream, port)
+        except httpx.RemoteProtocolError:
+            pass
+        else:
+            raise AssertionError("a hang-up before any answer must be an upstream error")
+        await upstream.aclose()
         server.close()
 
     asyncio.run(scenario())
