@@ -29,7 +29,7 @@ from llmgw.gateway.openapi import OpenApi
 from llmgw.gateway.outlier import Outliers, RetryBudget, replica_states
 from llmgw.gateway.proxy import AnswerCut, Proxy
 from llmgw.gateway.rates import Samples
-from llmgw.gateway.reload import PlanState
+from llmgw.gateway.reload import PlanState, settle_heap
 from llmgw.gateway.resources import AdminKeys, AdminPlan, DashboardKeys, Healthz, Metrics, Models, Readyz
 from llmgw.gateway.routing import RouteTable
 from llmgw.gateway.upstream import FastTransport, Upstream
@@ -173,6 +173,7 @@ def create_app(
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
     _add_dashboard(app, state, keys, samples)
+    settle_heap()
     return app
 
 

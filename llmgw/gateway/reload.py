@@ -23,6 +23,7 @@ another worker had just made against the new file.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -55,6 +56,24 @@ def refusal_path(plan: Path) -> Path:
 
 class PlanWriteError(LlmgwError):
     """The plan was fine; the gateway's disk was not."""
+
+
+def settle_heap() -> None:
+    """Put what this worker keeps for good (its code, its app, the plan it serves) where
+    Python's cycle collector no longer walks it; done at start and after each new plan.
+
+    A full collection walks every tracked object, and one ran in each worker during every
+    run of bench/streams.py: 44-72 ms with the worker's code and plan in it, 18-22 ms
+    without, every open stream waiting meanwhile. Young collections come every 10,000
+    allocations rather than 700: a request makes hundreds of objects and nearly all die
+    with it, so the default threshold ran the collector every few requests for nothing
+    (164 young collections in a streams run; 11 after, and 3% less CPU per request).
+    The old plan is unfrozen and collected first, so a deploy frees it.
+    """
+    gc.set_threshold(10_000, 10, 10)
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 class PlanState:
@@ -193,6 +212,8 @@ class PlanState:
         for endpoint in old.replicas.keys() - table.replicas.keys():
             metrics.REPLICA_HEALTHY.labels(endpoint).set(0)  # /metrics leaves it out
         log.info("reloaded: now serving plan %s (was %s)", table.digest, old.digest)
+        del old
+        settle_heap()
 
     def _keep_as_last_good(self) -> None:
         if self.refusal is not None:
