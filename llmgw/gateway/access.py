@@ -141,10 +141,10 @@ class Access:
         if ctx.api:
             model = ctx.model or "unknown"
             tenant = ctx.tenant
-            metrics.REQUESTS.labels(model, str(status), tenant.name if tenant else "-").inc()
-            metrics.LATENCY.labels(model).observe(duration)
+            metrics.labelled(metrics.REQUESTS, model, str(status), tenant.name if tenant else "-").inc()
+            metrics.labelled(metrics.LATENCY, model).observe(duration)
             if ctx.ttfb is not None:
-                metrics.FIRST_BYTE.labels(model).observe(ctx.ttfb)
+                metrics.labelled(metrics.FIRST_BYTE, model).observe(ctx.ttfb)
         if not self.log_lines:
             return
         access_log.info(

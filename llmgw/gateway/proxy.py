@@ -227,7 +227,7 @@ class Proxy:
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 resp.content_type = "text/event-stream"
                 # Its first event is in hand (`_open` timed it): that is the first token.
-                metrics.FIRST_TOKEN.labels(model.name).observe(ctx.ttfb)
+                metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb)
                 rename = EventRename(requested, meter)
                 answer.first = rename.feed(answer.first)
             else:
@@ -668,9 +668,9 @@ class Relay:
             return  # the engine refused the request: nothing was generated
         tenant = ctx.tenant
         key = tenant.name if tenant is not None else "-"
-        metrics.TOKENS.labels(ctx.model, key, "prompt").inc(prompt)
+        metrics.labelled(metrics.TOKENS, ctx.model, key, "prompt").inc(prompt)
         if completion:
-            metrics.TOKENS.labels(ctx.model, key, "completion").inc(completion)
+            metrics.labelled(metrics.TOKENS, ctx.model, key, "completion").inc(completion)
         if tenant is not None and self.proxy.limiter is not None:
             self.proxy.limiter.charge(tenant, prompt + completion)
 

@@ -283,11 +283,11 @@ class Profile:
             if replica.inflight + 1 <= bound:
                 if i:
                     self.prefix.spills += 1
-                    metrics.PREFIX_ROUTES.labels(self.served_name, self.name, "spill").inc()
+                    metrics.labelled(metrics.PREFIX_ROUTES, self.served_name, self.name, "spill").inc()
                     return [replica, *ranked[:i], *ranked[i + 1 :]]
                 break
         self.prefix.hits += 1
-        metrics.PREFIX_ROUTES.labels(self.served_name, self.name, "hit").inc()
+        metrics.labelled(metrics.PREFIX_ROUTES, self.served_name, self.name, "hit").inc()
         return ranked
 
     def in_turn(self) -> tuple[Replica, ...]:

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -54,6 +55,31 @@ BACKOFF_RESET_AFTER_S = 600.0
 # and the message says so with the last lines of its log.
 EXITED_AT_ONCE_S = 10.0
 
+
+
+# What a signal that ended an engine usually means, for the person reading /status.
+_SIGNAL_HINTS = {
+    # A llama.cpp built with -march=native on a virtual machine whose CPU reports AMX the
+    # hypervisor does not enable: it loaded its weights, then died at its first prompt.
+    signal.SIGILL: "the engine's build uses CPU instructions this machine does not run; "
+    "rebuild it for this CPU (for llama.cpp: -DGGML_NATIVE=OFF -DGGML_AVX2=ON)",
+    signal.SIGKILL: "often the kernel's out-of-memory killer: see dmesg",
+}
+
+
+def how_it_ended(exit_code: int | None) -> str:
+    """An engine's end as a person reads it: its exit code, or the signal and what it
+    usually means (a negative code is a signal's number)."""
+    if exit_code is None:
+        return "unknown code"
+    if exit_code >= 0:
+        return f"code {exit_code}"
+    try:
+        sig = signal.Signals(-exit_code)
+    except ValueError:
+        return f"code {exit_code}"
+    hint = _SIGNAL_HINTS.get(sig)
+    return f"code {exit_code}, {sig.name}" + (f": {hint}" if hint else "")
 
 class NodeError(LlmgwError):
     pass
@@ -297,7 +323,7 @@ class Runner:
             await asyncio.sleep(self.settings.health_interval_s if ready_at is None else 2.0)
         self.last_exit = process.exit_code
         drop_record(self.settings.state_dir, self.want.key)
-        code = "unknown code" if process.exit_code is None else f"code {process.exit_code}"
+        code = how_it_ended(process.exit_code)
         tail = log_tail(self.log)
         ran = time.monotonic() - started
         if ran < EXITED_AT_ONCE_S and ready_at is None:

@@ -7,6 +7,8 @@ fake engine's OpenAI API on the --host and --port it was given. Environment:
     STAND_IN_LOAD_S     GET /health answers 503 (loading) for this long, then 200
     STAND_IN_EXIT       print a line and exit with this code at once, as an engine that
                         cannot read its weights does
+    STAND_IN_SIGNAL     print a line and die of this signal at once, as an engine built for
+                        instructions the CPU does not run does (SIGILL)
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -39,6 +42,11 @@ def main() -> None:
     if "STAND_IN_EXIT" in os.environ:
         print("error: failed to load model: unknown file magic", flush=True)
         sys.exit(int(os.environ["STAND_IN_EXIT"]))
+    if "STAND_IN_SIGNAL" in os.environ:
+        print("init: llama threadpool init, n_threads = 2", flush=True)
+        sig = signal.Signals[os.environ["STAND_IN_SIGNAL"]]
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)

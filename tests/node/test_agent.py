@@ -292,3 +292,18 @@ def test_the_agent_follows_the_plan_the_gateway_serves(
         assert deploy.returncode == 0, deploy.stderr
         agent.wait_state("b", "ready", timeout=40)
         assert agent.status()["plan_digest"] == new["digest"]
+
+
+def test_an_engine_killed_by_sigill_is_told_apart_from_one_that_exits(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    # A llama.cpp built with -march=native on a VM whose CPU reports AMX it cannot run
+    # loaded its weights and died at the first prompt; "code -4" alone said nothing.
+    fleet.plan({"a.yaml": chat_model("a")})
+    agent = run_agent(agents, fleet, bin_dir, STAND_IN_SIGNAL="SIGILL")
+    failed = wait_for(
+        lambda: (r := agent.replicas()["a"]) and r["last_exit"] == -signal.SIGILL and r, 20, "a SIGILL", agent
+    )
+    assert "exited at once (code -4, SIGILL: the engine's build uses CPU instructions" in failed["message"]
+    assert "-DGGML_NATIVE=OFF" in failed["message"], "what to rebuild with"
+    assert "threadpool init" in failed["message"], "the last lines of the engine's log"
