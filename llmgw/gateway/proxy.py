@@ -526,11 +526,13 @@ class Relay:
         self.event_stream = isinstance(rename, EventRename)
         self.relayed = 0
         # The gap between chunks is timed by the wire itself where it can be: it sets a timer
-        # only when it has to wait, where an asyncio.timeout around every chunk cost a tenth
-        # of a stream's CPU. httpx's transport (https) has no such clock.
-        self.timed_by_wire = isinstance(self.upstream, Reply)
+        # only when it has to wait for a chunk, where an asyncio.timeout built a context and
+        # scheduled a timer around every chunk of every stream. httpx's transport (https)
+        # has no such clock.
+        self.timed_by_wire = False
         if isinstance(self.upstream, Reply):
             self.upstream.body.read_timeout = proxy.chunk_timeout
+            self.timed_by_wire = True
 
     def __aiter__(self) -> Relay:
         return self
