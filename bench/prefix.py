@@ -159,8 +159,11 @@ def main() -> None:
                     if mode == "pinned":
                         per_turn, tokens, took = run_mode(lambda n: engines[n % len(engines)], mode, prompts)
                         warm = [statistics.median(turn) for turn in per_turn]
-                        replicas = Counter(engines[n % len(engines)] for n in range(args.conversations))
-                        replicas = Counter({r: n * args.turns for r, n in replicas.items()})
+                        replicas = Counter(
+                            engines[n % len(engines)]
+                            for n in range(args.conversations)
+                            for _ in range(args.turns)
+                        )
                     else:
                         doc = plan(mode)
                         gw.every_worker(lambda r, d=doc["digest"]: r["digest"] == d, 10, mode)

@@ -210,16 +210,34 @@ def test_stopping_the_agent_stops_every_engine(fleet: Fleet, bin_dir: Path, agen
     assert not list((agent.state_dir / "replicas").glob("*.json")), "no record of a stopped engine is left"
 
 
+@pytest.mark.parametrize(
+    ("env", "exit_code", "said"),
+    [
+        ({"STAND_IN_EXIT": "1"}, 1, ["exited at once (code 1)", "unknown file magic"]),
+        # A llama.cpp built with -march=native on a VM whose CPU reports AMX it cannot run
+        # loaded its weights and died at the first prompt; "code -4" alone said nothing.
+        (
+            {"STAND_IN_SIGNAL": "SIGILL"},
+            -signal.SIGILL,
+            [
+                "exited at once (code -4, SIGILL: the engine's build uses CPU instructions",
+                "-DGGML_NATIVE=OFF",
+                "threadpool init",
+            ],
+        ),
+    ],
+    ids=["exit code", "SIGILL"],
+)
 def test_an_engine_that_exits_at_once_says_why_with_its_log(
-    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+    fleet: Fleet, bin_dir: Path, agents: list[Agent], env: dict[str, str], exit_code: int, said: list[str]
 ) -> None:
     fleet.plan({"a.yaml": chat_model("a")})
-    agent = run_agent(agents, fleet, bin_dir, STAND_IN_EXIT="1")
+    agent = run_agent(agents, fleet, bin_dir, **env)
     failed = wait_for(
-        lambda: (r := agent.replicas()["a"]) and r["last_exit"] == 1 and r, 20, "an exit", agent
+        lambda: (r := agent.replicas()["a"]) and r["last_exit"] == exit_code and r, 20, "an exit", agent
     )
-    assert "exited at once (code 1)" in failed["message"]
-    assert "unknown file magic" in failed["message"], "the last lines of the engine's log"
+    for words in said:  # how it ended, what to do, and the last lines of the engine's log
+        assert words in failed["message"]
     assert Path(failed["log"]).is_absolute() or (agent.fleet.root / failed["log"]).exists()
 
 
@@ -292,18 +310,3 @@ def test_the_agent_follows_the_plan_the_gateway_serves(
         assert deploy.returncode == 0, deploy.stderr
         agent.wait_state("b", "ready", timeout=40)
         assert agent.status()["plan_digest"] == new["digest"]
-
-
-def test_an_engine_killed_by_sigill_is_told_apart_from_one_that_exits(
-    fleet: Fleet, bin_dir: Path, agents: list[Agent]
-) -> None:
-    # A llama.cpp built with -march=native on a VM whose CPU reports AMX it cannot run
-    # loaded its weights and died at the first prompt; "code -4" alone said nothing.
-    fleet.plan({"a.yaml": chat_model("a")})
-    agent = run_agent(agents, fleet, bin_dir, STAND_IN_SIGNAL="SIGILL")
-    failed = wait_for(
-        lambda: (r := agent.replicas()["a"]) and r["last_exit"] == -signal.SIGILL and r, 20, "a SIGILL", agent
-    )
-    assert "exited at once (code -4, SIGILL: the engine's build uses CPU instructions" in failed["message"]
-    assert "-DGGML_NATIVE=OFF" in failed["message"], "what to rebuild with"
-    assert "threadpool init" in failed["message"], "the last lines of the engine's log"
