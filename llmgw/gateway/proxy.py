@@ -22,6 +22,8 @@ costing GPU time.
 from __future__ import annotations
 
 import asyncio
+import codecs
+import contextlib
 import functools
 import json
 import logging
@@ -41,7 +43,7 @@ from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
 from llmgw.gateway.limits import Limiter
 from llmgw.gateway.outlier import Outliers, RetryBudget
-from llmgw.gateway.rename import EventRename, JsonRename
+from llmgw.gateway.rename import EventRename, JsonRename, renamed
 from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, InFlight, Model, Replica, prefix_key
 from llmgw.gateway.upstream import Reply, Upstream
 from llmgw.gateway.usage import Meter, prompt_estimate
@@ -70,6 +72,7 @@ _NOT_TAKEN = (
 # Any other 5xx may be the request's own doing; see `Proxy._blame`.
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 _ERROR_LIMIT = 1 << 20
+_UNTIMED = contextlib.nullcontext()
 
 
 class ClientGone:
@@ -217,7 +220,6 @@ class Proxy:
             length = upstream.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.max_response:
                 await self._refuse_too_large(answer, watch, int(length))
-            ctx.streaming = True
             resp.status = upstream.status_code
             if window is not None:
                 resp.set_headers(window.headers())
@@ -232,6 +234,22 @@ class Proxy:
                 answer.first = rename.feed(answer.first)
             else:
                 resp.content_type = falcon.MEDIA_JSON
+                whole = answer.whole(self.max_response)
+                if whole is not None:
+                    # The usual JSON answer is here in full by its first chunk: it goes out
+                    # in one piece, and the engine's connection and the replica are free
+                    # before it does, with no relay to run.
+                    watch.stop()
+                    answer.release()
+                    await upstream.aclose()
+                    parsed = meter.read(whole)
+                    # An engine started with the model's name (`--alias`, as the node agent
+                    # starts it) already says what was asked for: no need to look for it.
+                    if not (isinstance(parsed, dict) and parsed.get("model") == requested):
+                        whole = renamed(whole, json.dumps(requested).encode(), complete=True)
+                    resp.data = whole
+                    count_tokens(ctx, meter, upstream.status_code, self.limiter)
+                    return
                 rename = JsonRename(requested)
                 answer.first = rename.feed(answer.first)
                 meter.part(answer.first)
@@ -239,6 +257,7 @@ class Proxy:
                 length = upstream.headers.get("content-length")
                 if rename.done and length is not None and length.isdigit():
                     resp.content_length = int(length) + rename.growth
+            ctx.streaming = True  # the access log's line is the relay's to write, at its end
             resp.stream = Relay(self, req, answer, watch, rename, meter)
         except BaseException:
             # Until the Relay owns the answer, the replica's count and the engine's
@@ -418,10 +437,14 @@ class Proxy:
         upstream: Reply | httpx.Response | None = None
         watch.waiting = True
         hold = replica.hold()
+        target = replica.urls[outgoing.kind]
+        deadline = asyncio.get_running_loop().time() + self.first_byte_timeout
         try:
-            async with asyncio.timeout(self.first_byte_timeout):
+            # Plain http is timed by the transport's own timer, set only while it waits:
+            # an asyncio.timeout here built a context and a timer for every request.
+            async with _UNTIMED if target.scheme == "http" else asyncio.timeout_at(deadline):
                 upstream = await self.upstream.post(
-                    replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
+                    target, outgoing.headers, outgoing.body, self.timeouts, deadline
                 )
                 chunks = upstream.aiter_raw()
                 if upstream.status_code in _REPLICA_TROUBLE:
@@ -494,6 +517,16 @@ class Answer:
         """Its replica is done with: once, however many paths end the answer."""
         self.hold.release()
 
+    def whole(self, limit: int) -> bytes | None:
+        """The whole body, when all of it is here already and it is at most `limit` bytes."""
+        upstream = self.upstream
+        if not isinstance(upstream, Reply):
+            return None
+        rest = upstream.body.rest(limit - len(self.first))
+        if rest is None:
+            return None
+        return b"".join([self.first, *rest]) if rest else self.first
+
 
 class Relay:
     """The upstream's answer, chunk by chunk, as falcon's response stream.
@@ -531,7 +564,7 @@ class Relay:
         # has no such clock.
         self.timed_by_wire = False
         if isinstance(self.upstream, Reply):
-            self.upstream.body.read_timeout = proxy.chunk_timeout
+            self.upstream.body.time_gaps(proxy.chunk_timeout)
             self.timed_by_wire = True
 
     def __aiter__(self) -> Relay:
@@ -650,19 +683,17 @@ class Relay:
             # engine to stop generating.
             await self.upstream.aclose()
         finally:
-            try:
-                self._count_tokens()
-            except Exception:  # a miscount must not lose the access log line and metrics
-                log.exception("counting the tokens of request %s failed", self.req.context.request_id)
+            count_tokens(self.req.context, self.meter, self.upstream.status_code, self.proxy.limiter)
             self.proxy.access.finish(self.req, self.status)
 
-    def _count_tokens(self) -> None:
-        ctx = self.req.context
-        meter = self.meter
+
+def count_tokens(ctx: Any, meter: Meter, status: int, limiter: Limiter | None) -> None:
+    """Count an ended answer's tokens in the metrics, and charge its key for them."""
+    try:
         meter.finish()
         if meter.prompt is not None:
             prompt, completion = meter.prompt, meter.completion or 0
-        elif self.upstream.status_code < 400:
+        elif status < 400:
             # Cut short (the client left, or the engine broke off) before usage came: the
             # prompt was read all the same, so the key is charged its estimate.
             prompt, completion = ctx.prompt_estimate, 0
@@ -673,8 +704,10 @@ class Relay:
         metrics.labelled(metrics.TOKENS, ctx.model, key, "prompt").inc(prompt)
         if completion:
             metrics.labelled(metrics.TOKENS, ctx.model, key, "completion").inc(completion)
-        if tenant is not None and self.proxy.limiter is not None:
-            self.proxy.limiter.charge(tenant, prompt + completion)
+        if tenant is not None and limiter is not None:
+            limiter.charge(tenant, prompt + completion)
+    except Exception:  # a miscount must not lose the access log line and metrics
+        log.exception("counting the tokens of request %s failed", ctx.request_id)
 
 
 async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> bytes:
@@ -735,18 +768,23 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     raise AssertionError("unreachable: fewer keys than pairs means one repeats")
 
 
+# Made once: json.loads with a hook builds a decoder and its scanner on every call.
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
 def _parse(body: bytes) -> dict[str, Any]:
     # One reading of the body, the same one every engine makes: the gateway checks the
     # body it parsed and forwards the bytes, so bytes an engine could read differently
     # (another encoding, a key given twice) must not pass.
     try:
-        text = body.decode("utf-8-sig")
+        # A byte order mark is allowed, as by "utf-8-sig", whose codec is written in Python.
+        text = (body[3:] if body.startswith(codecs.BOM_UTF8) else body).decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(
             400, "The request body is not UTF-8; send JSON encoded as UTF-8, as the OpenAI API expects."
         ) from None
     try:
-        request = json.loads(text, object_pairs_hook=_unique_keys)
+        request = _DECODER.decode(text)
     except _RepeatedKey as exc:
         raise ApiError(
             400,

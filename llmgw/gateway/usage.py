@@ -67,12 +67,21 @@ class Meter:
         if not self._parts:
             return
         parts, self._parts = self._parts, None
+        self.read(b"".join(parts))
+
+    def read(self, answer: bytes) -> Any:
+        """Read the usage of a whole JSON answer; the answer as parsed (None if it is not
+        JSON, or too long to keep)."""
+        self._parts = None
+        if len(answer) > _KEEP:
+            return None
         try:
-            data = json.loads(b"".join(parts))
+            data = json.loads(answer)
         except ValueError:
-            return
+            return None
         if isinstance(data, dict):
             self._note(data.get("usage"))
+        return data
 
     def _note(self, usage: Any) -> bool:
         if not isinstance(usage, dict):
