@@ -6,10 +6,12 @@ through llmgw.
 Measures, in one run and against the same fast fake engine (tests/gateway/fake_engine.py):
 latency at one connection (sequential requests) and throughput at many connections, direct,
 through nginx's `proxy_pass` (Debian's nginx-light, as many worker processes as the gateway
-has workers, keep-alive to the engine), and through a real gateway (gunicorn + uvicorn
-workers). It prints the latency each proxy adds at p50 and p99, requests per second, the
-gateway's throughput as a share of nginx's, and the CPU time the gateway's workers spent per
-request (read from /proc: steadier than wall-clock figures on a shared machine).
+has workers, keep-alive to the engine), through the floor (bench/proxy_floor.py: the least
+a proxy on the gateway's own stack can do, falcon on uvicorn forwarding over the gateway's
+transport) and through a real gateway (gunicorn + uvicorn workers). It prints the latency
+each proxy adds at p50 and p99, requests per second, the gateway's throughput as a share of
+nginx's, and the CPU time the workers of the floor and the gateway spent per request (read
+from /proc: steadier than wall-clock figures on a shared machine).
 
 The load generator is a raw asyncio HTTP/1.1 client with keep-alive, so it spends as little
 CPU as it can: on a 2-core machine it, the engine and the proxy share the cores, so the
@@ -176,6 +178,28 @@ def nginx(engine_url: str, workers: int) -> Iterator[str | None]:
             harness.stop(proc)
 
 
+@contextlib.contextmanager
+def floor(engine_url: str, workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """bench/proxy_floor.py under gunicorn, as many workers as the gateway: the least a proxy
+    on the gateway's stack costs."""
+    port = harness.free_port()
+    env = harness.subprocess_env(LLMGW_FLOOR_ENGINE=engine_url.removeprefix("http://"))
+    argv = [sys.executable, "-m", "gunicorn", "proxy_floor:app", "--chdir", str(Path(__file__).parent)]
+    argv += ["--worker-class", "uvicorn_worker.UvicornWorker", "--workers", str(workers)]
+    argv += ["--bind", f"127.0.0.1:{port}", "--access-logfile", "/dev/null", "--error-logfile", "-"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        harness.wait_until(lambda: _answers(url), 20, "the floor proxy to listen")
+        yield url, proc
+    finally:
+        harness.stop(proc)
+
+
+def _children(proc: subprocess.Popen[bytes]) -> set[int]:
+    return {int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()}
+
+
 def _answers(url: str) -> bool:
     import httpx
 
@@ -242,16 +266,20 @@ def main() -> None:
         env = {} if args.access_log else {"LLMGW_ACCESS_LOG": "off"}
         with (
             nginx(engine.url, args.workers) as nginx_url,
+            floor(engine.url, args.workers) as (floor_url, floor_proc),
             harness.gateway(plan_path, workers=args.workers, **env) as gw,
         ):
             workers = gw.worker_pids()
-            # Rounds alternate direct, nginx and gateway, and the median of each figure is
-            # kept: on a shared 2-core machine any one run can land beside other work.
+            floor_workers = _children(floor_proc)
+            # Rounds alternate direct, nginx, floor and gateway, and the median of each
+            # figure is kept: on a shared 2-core machine any one run can land beside other
+            # work.
             rounds = []
             for _ in range(args.rounds):
                 one = {"direct": run(measure(engine.url, args, set()))}
                 if nginx_url is not None:
                     one["nginx"] = run(measure(nginx_url, args, set()))
+                one["floor"] = run(measure(floor_url, args, floor_workers))
                 one["gateway"] = run(measure(gw.url, args, workers))
                 rounds.append(one)
     figures = {
@@ -278,7 +306,14 @@ def main() -> None:
         print(f"gateway throughput / nginx's: {share:.2f}")
     else:
         print("nginx not installed: no reference (apt-get install nginx-light)")
-    print(f"gateway CPU per request: {figures['gateway']['cpu'] * 1e6:.0f} us (its workers, from /proc)")
+    print(
+        f"CPU per request: gateway {figures['gateway']['cpu'] * 1e6:.0f} us, floor "
+        f"{figures['floor']['cpu'] * 1e6:.0f} us (their workers, from /proc)"
+    )
+    print(
+        "floor: the least a proxy on the gateway's stack costs (bench/proxy_floor.py: falcon on "
+        "uvicorn's worker, the gateway's transport, no features)"
+    )
     print(
         f"gateway: {args.workers} worker(s), access log "
         f"{'on' if args.access_log else 'off'}; medians of {args.rounds} rounds; "

@@ -243,8 +243,8 @@ class Proxy:
                     answer.release()
                     await upstream.aclose()
                     parsed = meter.read(whole)
-                    # An engine started with the model's name (`--alias`, as the node agent
-                    # starts it) already says what was asked for: no need to look for it.
+                    # An engine started with the served name (as llmgw starts every engine:
+                    # llmgw/engines.py) already says what was asked for by that name.
                     if not (isinstance(parsed, dict) and parsed.get("model") == requested):
                         whole = renamed(whole, json.dumps(requested).encode(), complete=True)
                     resp.data = whole
