@@ -22,8 +22,6 @@ costing GPU time.
 from __future__ import annotations
 
 import asyncio
-import codecs
-import contextlib
 import functools
 import json
 import logging
@@ -72,7 +70,6 @@ _NOT_TAKEN = (
 # Any other 5xx may be the request's own doing; see `Proxy._blame`.
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 _ERROR_LIMIT = 1 << 20
-_UNTIMED = contextlib.nullcontext()
 
 
 class ClientGone:
@@ -437,14 +434,10 @@ class Proxy:
         upstream: Reply | httpx.Response | None = None
         watch.waiting = True
         hold = replica.hold()
-        target = replica.urls[outgoing.kind]
-        deadline = asyncio.get_running_loop().time() + self.first_byte_timeout
         try:
-            # Plain http is timed by the transport's own timer, set only while it waits:
-            # an asyncio.timeout here built a context and a timer for every request.
-            async with _UNTIMED if target.scheme == "http" else asyncio.timeout_at(deadline):
+            async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.upstream.post(
-                    target, outgoing.headers, outgoing.body, self.timeouts, deadline
+                    replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
                 )
                 chunks = upstream.aiter_raw()
                 if upstream.status_code in _REPLICA_TROUBLE:
@@ -564,7 +557,7 @@ class Relay:
         # has no such clock.
         self.timed_by_wire = False
         if isinstance(self.upstream, Reply):
-            self.upstream.body.time_gaps(proxy.chunk_timeout)
+            self.upstream.body.read_timeout = proxy.chunk_timeout
             self.timed_by_wire = True
 
     def __aiter__(self) -> Relay:
@@ -777,8 +770,7 @@ def _parse(body: bytes) -> dict[str, Any]:
     # body it parsed and forwards the bytes, so bytes an engine could read differently
     # (another encoding, a key given twice) must not pass.
     try:
-        # A byte order mark is allowed, as by "utf-8-sig", whose codec is written in Python.
-        text = (body[3:] if body.startswith(codecs.BOM_UTF8) else body).decode("utf-8")
+        text = body.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise ApiError(
             400, "The request body is not UTF-8; send JSON encoded as UTF-8, as the OpenAI API expects."

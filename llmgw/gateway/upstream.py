@@ -120,15 +120,12 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def wait(self, timeout: float | None, deadline: float | None = None) -> None:
-        """Until the protocol has news; httpx.ReadTimeout after `timeout` seconds of none,
-        or at `deadline` (the loop's clock) when one is given."""
+    async def wait(self, timeout: float | None) -> None:
+        """Until the protocol has news; httpx.ReadTimeout after `timeout` seconds of none."""
         loop = asyncio.get_running_loop()
         waiter = self.waiter = loop.create_future()
         timer = None
-        if deadline is not None:
-            timer = loop.call_at(deadline, _expire, waiter)
-        elif timeout is not None:
+        if timeout is not None:
             timer = loop.call_later(timeout, _expire, waiter)
         try:
             await waiter
@@ -151,19 +148,11 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 class _Body(httpx.AsyncByteStream):
-    def __init__(
-        self, pool: FastTransport, conn: _Connection, read_timeout: float | None, deadline: float | None
-    ) -> None:
+    def __init__(self, pool: FastTransport, conn: _Connection, read_timeout: float | None) -> None:
         self.pool = pool
         self.conn = conn
         self.read_timeout = read_timeout
-        self.deadline = deadline
         self.released = False
-
-    def time_gaps(self, seconds: float | None) -> None:
-        """From now on, each wait for a chunk may last `seconds`, and there is no deadline."""
-        self.read_timeout = seconds
-        self.deadline = None
 
     def rest(self, limit: int) -> list[bytes] | None:
         """Every chunk still to be read, when the whole answer is here and its unread part
@@ -190,7 +179,7 @@ class _Body(httpx.AsyncByteStream):
                 raise StopAsyncIteration
             if conn.error is not None:
                 raise conn.error
-            await conn.wait(self.read_timeout, self.deadline)
+            await conn.wait(self.read_timeout)
 
     async def aclose(self) -> None:
         if self.released:
@@ -298,15 +287,12 @@ class FastTransport:
         body: bytes,
         connect_timeout: float | None,
         read_timeout: float | None,
-        deadline: float | None = None,
     ) -> Reply:
-        """Send one request; the answer once its headers are here. With a `deadline` (the
-        loop's clock), everything up to the body's next chunk must be done by then:
-        TimeoutError if connecting runs past it, httpx.ReadTimeout if the answer does."""
+        """Send one request; the answer once its headers are here."""
         head = _head(method, raw_path, headers, key, body)
-        conn, reused = await self._acquire(key, connect_timeout, deadline)
+        conn, reused = await self._acquire(key, connect_timeout)
         try:
-            await self._exchange(conn, head, body, read_timeout, deadline)
+            await self._exchange(conn, head, body, read_timeout)
         except httpx.RemoteProtocolError:
             conn.close()
             if not reused or conn.status or conn.headers:
@@ -315,19 +301,19 @@ class FastTransport:
             # written on it (llama.cpp and vLLM both time idle connections out). Nothing
             # was answered, so nothing was done: send it once more on a new connection,
             # rather than count a healthy replica as failing.
-            conn, _ = await self._acquire(key, connect_timeout, deadline, fresh=True)
+            conn, _ = await self._acquire(key, connect_timeout, fresh=True)
             try:
-                await self._exchange(conn, head, body, read_timeout, deadline)
+                await self._exchange(conn, head, body, read_timeout)
             except BaseException:
                 conn.close()
                 raise
         except BaseException:
             conn.close()
             raise
-        return Reply(conn.status, RawHeaders(conn.headers), _Body(self, conn, read_timeout, deadline))
+        return Reply(conn.status, RawHeaders(conn.headers), _Body(self, conn, read_timeout))
 
     async def _exchange(
-        self, conn: _Connection, head: bytes, body: bytes, read_timeout: float | None, deadline: float | None
+        self, conn: _Connection, head: bytes, body: bytes, read_timeout: float | None
     ) -> None:
         """Write the request and wait for the response's headers."""
         assert conn.transport is not None
@@ -335,10 +321,10 @@ class FastTransport:
         while not conn.headers_done:
             if conn.error is not None:
                 raise conn.error
-            await conn.wait(read_timeout, deadline)
+            await conn.wait(read_timeout)
 
     async def _acquire(
-        self, key: tuple[str, int], timeout: float | None, deadline: float | None, fresh: bool = False
+        self, key: tuple[str, int], timeout: float | None, fresh: bool = False
     ) -> tuple[_Connection, bool]:
         """A connection to `key`, and whether it is a kept-alive one being reused."""
         idle = self.idle.get(key)
@@ -348,14 +334,10 @@ class FastTransport:
                 conn._reset()
                 return conn, True
         loop = asyncio.get_running_loop()
-        # Past the request's deadline it is the request that timed out, not the connection.
-        late = deadline is not None and (timeout is None or loop.time() + timeout > deadline)
         try:
-            async with asyncio.timeout_at(deadline) if late else asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout):
                 _, conn = await loop.create_connection(lambda: _Connection(key), key[0], key[1])
         except TimeoutError:
-            if late:
-                raise
             raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out") from None
         except OSError as exc:
             raise httpx.ConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
@@ -385,17 +367,8 @@ class Upstream:
         self.secure = secure
 
     async def post(
-        self,
-        target: Target,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        timeouts: dict[str, Any],
-        deadline: float | None = None,
+        self, target: Target, headers: list[tuple[bytes, bytes]], body: bytes, timeouts: dict[str, Any]
     ) -> Reply | httpx.Response:
-        """POST to `target`; the answer once its headers are here. A plain-http answer's
-        body is read to the `deadline` (see FastTransport.request) until its reader sets
-        another clock (`_Body.time_gaps`); httpx's transport has no deadline, so an https
-        request is the caller's to time."""
         if target.scheme == "http":
             return await self.plain.request(
                 b"POST",
@@ -405,7 +378,6 @@ class Upstream:
                 body,
                 timeouts.get("connect"),
                 timeouts.get("read"),
-                deadline,
             )
         request = httpx.Request(
             "POST", target.url, headers=headers, content=body, extensions={"timeout": timeouts}
