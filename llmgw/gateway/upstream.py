@@ -158,7 +158,8 @@ class _Body(httpx.AsyncByteStream):
         """Every chunk still to be read, when the whole answer is here and its unread part
         is at most `limit` bytes; None (and nothing taken) otherwise."""
         conn = self.conn
-        if not conn.complete or conn.buffered > limit:
+        # Once given back, the connection may already carry another request's answer.
+        if self.released or not conn.complete or conn.buffered > limit:
             return None
         chunks = []
         while conn.chunks:

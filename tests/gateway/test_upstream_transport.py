@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from llmgw.gateway.upstream import FastTransport, Target, Upstream
+from llmgw.gateway.upstream import FastTransport, Reply, Target, Upstream
 
 ANSWER = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 
@@ -81,6 +81,42 @@ def test_an_engine_that_hangs_up_on_a_new_connection_is_an_error_not_a_retry_loo
             pass
         else:
             raise AssertionError("a hang-up before any answer must be an upstream error")
+        await upstream.aclose()
+        server.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_given_back_to_the_pool_yields_nothing_of_the_next_one():
+    # A 5xx is read whole and its connection given back before the proxy has decided
+    # whether to pass it on; meanwhile the connection may carry another request's answer,
+    # which must stay that request's.
+    async def scenario() -> None:
+        answers = iter([b'{"n":1}', b'{"n":2}'])
+
+        async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for body in answers:
+                await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(2)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n" + body)
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(keep_alive, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        target = Target("http", ("127.0.0.1", port), f"http://127.0.0.1:{port}", "/v1/x")
+        upstream = _upstream()
+        first = await upstream.post(target, [], b"{}", {})
+        assert isinstance(first, Reply)
+        assert first.body.rest(1 << 20) == [b'{"n":1}']
+        await first.aclose()
+        second = await upstream.post(target, [], b"{}", {})
+        assert isinstance(second, Reply)
+        while not second.body.conn.complete:  # until the second answer's body is in
+            await asyncio.sleep(0.01)
+        assert first.body.rest(1 << 20) is None, "the first answer's reader took the second's body"
+        assert b"".join([chunk async for chunk in second.aiter_raw()]) == b'{"n":2}'
+        await second.aclose()
         await upstream.aclose()
         server.close()
 
