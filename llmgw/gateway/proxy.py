@@ -244,8 +244,10 @@ class Proxy:
                     # llmgw/engines.py) already says what was asked for by that name.
                     if not (isinstance(parsed, dict) and parsed.get("model") == requested):
                         whole = renamed(whole, json.dumps(requested).encode(), complete=True)
-                    resp.data = whole
                     count_tokens(ctx, meter, upstream.status_code, self.limiter)
+                    if watch.gone:  # left as the answer came: logged as the relay logs it
+                        raise ApiError(CLIENT_GONE, "client went away")
+                    resp.data = whole
                     return
                 rename = JsonRename(requested)
                 answer.first = rename.feed(answer.first)
