@@ -77,7 +77,7 @@ class Meter:
             return None
         try:
             data = json.loads(answer)
-        except ValueError:
+        except (ValueError, RecursionError):  # still the engine's answer, passed on as it came
             return None
         if isinstance(data, dict):
             self._note(data.get("usage"))

@@ -21,6 +21,7 @@ misbehaviour through body fields the gateway passes through untouched:
     fake_only         misbehave only on the engine of this name; others answer normally
     fake_content_type the Content-Type of a non-streamed answer (default application/json)
     fake_body_bytes   pad a non-streamed answer to about this many bytes
+    fake_nest         add a field to a non-streamed answer nested this many arrays deep
     fake_chunked      send a non-streamed answer chunked, without a Content-Length
     fake_never_close  send a non-streamed answer chunked and never end it
     fake_reset        reset the connection (TCP RST) right after the response headers
@@ -224,6 +225,9 @@ class _Connection(asyncio.Protocol):
         if request.get("fake_body_bytes"):
             pad = max(0, int(request["fake_body_bytes"]) - len(payload) - 16)
             payload = payload[:-1] + b',"padding":"' + b"x" * pad + b'"}'
+        if request.get("fake_nest"):
+            depth = int(request["fake_nest"])
+            payload = payload[:-1] + b',"nested":' + b"[" * depth + b"]" * depth + b"}"
         if request.get("fake_reset"):
             assert self.transport is not None
             self.transport.write(

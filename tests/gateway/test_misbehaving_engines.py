@@ -134,3 +134,13 @@ def test_a_stream_over_the_limit_ends_with_an_error_event(gw: Gateway) -> None:
 def test_a_json_answer_that_never_ends_is_dropped_after_the_chunk_timeout(gw: Gateway) -> None:
     with pytest.raises(httpx.RemoteProtocolError):
         ask(gw, fake_never_close=True)
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_an_answer_nested_too_deep_to_read_for_its_usage_is_passed_on_as_it_came(gw: Gateway) -> None:
+    # The gateway reads a JSON answer for its usage; one nested deeper than Python's parser
+    # goes is still the engine's answer to relay, not the gateway's own 500.
+    answer = ask(gw, fake_nest=10_000)
+    assert answer.status_code == 200, answer.text[:200]
+    assert answer.content.endswith(b"[" * 10_000 + b"]" * 10_000 + b"}")
+    assert answer.headers["content-type"] == "application/json"
