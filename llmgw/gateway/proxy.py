@@ -233,9 +233,9 @@ class Proxy:
                 resp.content_type = falcon.MEDIA_JSON
                 whole = answer.whole(self.max_response)
                 if whole is not None:
-                    # The usual JSON answer is here in full by its first chunk: it goes out
-                    # in one piece, and the engine's connection and the replica are free
-                    # before it does, with no relay to run.
+                    # The usual JSON answer came whole in its first chunk: it goes out in
+                    # one piece, and the engine's connection and the replica are free before
+                    # it does, with no relay to run.
                     watch.stop()
                     answer.release()
                     await upstream.aclose()
@@ -513,14 +513,15 @@ class Answer:
         self.hold.release()
 
     def whole(self, limit: int) -> bytes | None:
-        """The whole body, when all of it is here already and it is at most `limit` bytes."""
+        """The whole body, when it all came in the first chunk and is at most `limit` bytes.
+
+        Only then: a longer answer goes through the Relay, which notices a client that
+        stops reading or leaves while it is sent, and logs it so.
+        """
         upstream = self.upstream
-        if not isinstance(upstream, Reply):
-            return None
-        rest = upstream.body.rest(limit - len(self.first))
-        if rest is None:
-            return None
-        return b"".join([self.first, *rest]) if rest else self.first
+        if isinstance(upstream, Reply) and len(self.first) <= limit and upstream.body.finished():
+            return self.first
+        return None
 
 
 class Relay:

@@ -154,17 +154,10 @@ class _Body(httpx.AsyncByteStream):
         self.read_timeout = read_timeout
         self.released = False
 
-    def rest(self, limit: int) -> list[bytes] | None:
-        """Every chunk still to be read, when the whole answer is here and its unread part
-        is at most `limit` bytes; None (and nothing taken) otherwise."""
-        conn = self.conn
+    def finished(self) -> bool:
+        """Whether the answer has ended with nothing of it left to read."""
         # Once given back, the connection may already carry another request's answer.
-        if self.released or not conn.complete or conn.buffered > limit:
-            return None
-        chunks = []
-        while conn.chunks:
-            chunks.append(conn.take())
-        return chunks
+        return not self.released and self.conn.complete and not self.conn.chunks
 
     # An iterator of its own rather than an async generator: the event loop keeps every
     # async generator in a weak set until it is finalized, for each request.
