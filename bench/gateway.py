@@ -196,10 +196,6 @@ def floor(engine_url: str, workers: int) -> Iterator[tuple[str, subprocess.Popen
         harness.stop(proc)
 
 
-def _children(proc: subprocess.Popen[bytes]) -> set[int]:
-    return {int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()}
-
-
 def _answers(url: str) -> bool:
     import httpx
 
@@ -270,7 +266,7 @@ def main() -> None:
             harness.gateway(plan_path, workers=args.workers, **env) as gw,
         ):
             workers = gw.worker_pids()
-            floor_workers = _children(floor_proc)
+            floor_workers = harness.children(floor_proc.pid)
             # Rounds alternate direct, nginx, floor and gateway, and the median of each
             # figure is kept: on a shared 2-core machine any one run can land beside other
             # work.

@@ -558,10 +558,9 @@ class Relay:
         # only when it has to wait for a chunk, where an asyncio.timeout built a context and
         # scheduled a timer around every chunk of every stream. httpx's transport (https)
         # has no such clock.
-        self.timed_by_wire = False
+        self.timed_by_wire = isinstance(self.upstream, Reply)
         if isinstance(self.upstream, Reply):
             self.upstream.body.read_timeout = proxy.chunk_timeout
-            self.timed_by_wire = True
 
     def __aiter__(self) -> Relay:
         return self

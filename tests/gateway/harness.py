@@ -51,6 +51,13 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def children(pid: int) -> set[int]:
+    """A process's children alive now, as the kernel lists them; none once it has gone."""
+    with contextlib.suppress(OSError):
+        return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    return set()
+
+
 def stop(proc: subprocess.Popen[Any]) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -170,10 +177,7 @@ class Gateway:
 
     def worker_pids(self) -> set[int]:
         """The gunicorn workers alive now: the master's children, as the kernel lists them."""
-        pid = self.proc.pid
-        with contextlib.suppress(OSError):
-            return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-        return set()
+        return children(self.proc.pid)
 
     def every_worker(self, check: Any, timeout: float, what: str) -> dict[int, dict[str, Any]]:
         """Poll /readyz until every live worker has answered once with `check(answer)` true.
