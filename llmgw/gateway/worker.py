@@ -53,7 +53,8 @@ class _Corked:
     """A connection's transport that joins the writes of one turn of the event loop into one
     send. uvicorn writes a response's headers and then each part of its body as it gets them,
     and each write was a system call of its own: for a short JSON answer, two where one does.
-    Whatever is written goes out at the end of the turn, at `close`, or once past _CORK_LIMIT.
+    Whatever is written goes out when the response is complete (`flush`), at the end of the
+    turn, at `close`, or once past _CORK_LIMIT.
     """
 
     __slots__ = ("_real", "_loop", "_pending", "_size")
@@ -70,7 +71,7 @@ class _Corked:
         if self._pending is None:
             self._pending = [data]
             self._size = len(data)
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
         else:
             self._pending.append(data)
             self._size += len(data)
@@ -78,15 +79,15 @@ class _Corked:
             # The server pauses a response when the transport's buffer fills, and the
             # transport sees nothing held here: a stream for a slow reader moved the engine
             # connection's whole queue (1 MiB) here in one turn, doubling what it held.
-            self._flush()
+            self.flush()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         pending, self._pending = self._pending, None
         if pending and not self._real.is_closing():
             self._real.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
     def close(self) -> None:
-        self._flush()
+        self.flush()
         self._real.close()
 
     def abort(self) -> None:
@@ -111,12 +112,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.transport = _Corked(transport, self.loop)  # type: ignore[assignment]
+        self._corked = _Corked(transport, self.loop)
+        self.transport = self._corked  # type: ignore[assignment]
         self._write_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._head_lines = 0
         self._refusal: tuple[int, str] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._expire: Any = None
         self._body_started = 0.0
         self._body_bytes = 0
         # A connection that never sends a byte is held to the same limit as half a header.
@@ -124,6 +128,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._timer is not None:
+            # A timer left armed would keep this closed connection in memory until it fired.
+            self._timer.cancel()
+            self._timer = None
         if self._write_timer is not None:
             self._write_timer.cancel()
         cycle = self.cycle
@@ -202,6 +210,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        # The answer's last part is written: it goes out now. Waiting for the end of the
+        # loop's turn added that turn to every answer's latency (7-12 us in bench/gateway.py's
+        # terms), and nothing else of this answer can join the send.
+        self._corked.flush()
+        super().on_response_complete()
+
     # Limits
     def _count(self, size: int, lines: int) -> None:
         self._head_bytes += size
@@ -223,11 +238,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._answer_and_close(status, message)
 
     def _header_expired(self) -> None:
-        self._timer = None
         self._answer_and_close(408, f"Request headers not received within {self.header_timeout:g}s.")
 
     def _body_expired(self) -> None:
-        self._timer = None
         if self.flow.read_paused:
             # The app has not asked for more yet: the wait is not the client's, and neither
             # is the fall in its rate.
@@ -271,15 +284,32 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         )
         self.transport.close()
 
+    # One lazy timer per connection: each phase of a request moves its deadline, and the
+    # timer, when it fires, follows the deadline if it has moved on. Cancelling and
+    # setting a timer at each phase (four times per request) cost 9 us of every answer's
+    # latency in bench/gateway.py's terms, for limits that almost never expire.
     def _arm(self, seconds: float, then: Any) -> None:
+        self._deadline = self.loop.time() + seconds
+        self._expire = then
         if self._timer is not None:
+            if self._timer.when() <= self._deadline:
+                return  # it fires first, and then follows the deadline
             self._timer.cancel()
-        self._timer = self.loop.call_later(seconds, then)
+        self._timer = self.loop.call_at(self._deadline, self._expired)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._expire = None  # the timer, if armed, fires and finds nothing due
+
+    def _expired(self) -> None:
+        self._timer = None
+        then = self._expire
+        if then is None:
+            return
+        if self.loop.time() < self._deadline:
+            self._timer = self.loop.call_at(self._deadline, self._expired)
+            return
+        self._expire = None
+        then()
 
 
 def limited_protocol(settings: Settings) -> type[LimitedHttpToolsProtocol]:
