@@ -8,8 +8,10 @@ latency at one connection (sequential requests) and throughput at many connectio
 through nginx's `proxy_pass` (Debian's nginx-light, as many worker processes as the gateway
 has workers, keep-alive to the engine), through the floor (bench/proxy_floor.py: the least
 a proxy on the gateway's own stack can do, falcon on uvicorn forwarding over the gateway's
-transport) and through a real gateway (gunicorn + uvicorn workers). It prints the latency
-each proxy adds at p50 and p99, requests per second, the gateway's throughput as a share of
+transport) and through a real gateway (gunicorn + uvicorn workers). Latency is measured in
+short blocks that take turns between the four, and a proxy's added latency is the median,
+over blocks, of its p50 less the engine's in the same turn. It prints that and the added
+p99, requests per second, the gateway's throughput as a share of
 nginx's, and the CPU time the workers of the floor and the gateway spent per request (read
 from /proc: steadier than wall-clock figures on a shared machine).
 
@@ -85,20 +87,35 @@ async def _connect(url: str, path: str) -> _Client:
     return client
 
 
-async def latencies(url: str, path: str, count: int) -> list[float]:
-    client = await _connect(url, path)
-    for _ in range(200):  # warm up: connection pools, caches, branch predictors
-        await client.request()
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        status = await client.request()
-        times.append(time.perf_counter() - start)
-        if status != 200:
-            raise SystemExit(f"bench request answered {status}")
-    assert client.transport is not None
-    client.transport.close()
-    return times
+async def latency_blocks(
+    urls: dict[str, str], path: str, blocks: int, per_block: int
+) -> dict[str, list[list[float]]]:
+    """Sequential requests on one kept-alive connection per target, in short blocks that take
+    turns (the order reversed every other block): each target's times, block by block.
+
+    Taking turns is what makes the figures comparable: on a shared virtual machine the
+    speed of everything drifts by half within a minute, and a target measured in one long
+    stretch was measured on another machine than the target before it.
+    """
+    clients = {name: await _connect(url, path) for name, url in urls.items()}
+    for client in clients.values():
+        for _ in range(200):  # warm up: connection pools, caches, branch predictors
+            await client.request()
+    samples: dict[str, list[list[float]]] = {name: [] for name in urls}
+    for block in range(blocks):
+        for name in list(urls) if block % 2 == 0 else list(reversed(urls)):
+            client, times = clients[name], []
+            for _ in range(per_block):
+                start = time.perf_counter()
+                status = await client.request()
+                times.append(time.perf_counter() - start)
+                if status != 200:
+                    raise SystemExit(f"bench request answered {status}")
+            samples[name].append(times)
+    for client in clients.values():
+        assert client.transport is not None
+        client.transport.close()
+    return samples
 
 
 async def throughput(url: str, path: str, connections: int, seconds: float) -> tuple[float, int]:
@@ -217,31 +234,14 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
-async def measure(url: str, args: argparse.Namespace, pids: set[int]) -> dict[str, float]:
-    """Latency at one connection, then throughput; and the CPU `pids` spent per request."""
-    path = "/v1/chat/completions"
-    before = cpu_seconds(pids)
-    lat = await latencies(url, path, args.requests)
-    rps, done = await throughput(url, path, args.connections, args.seconds)
-    # The warm-ups are requests too: 200 sequential, and about a second at full load.
-    spent = cpu_seconds(pids) - before
-    cpu = spent / (len(lat) + 200 + done * (1 + 1 / args.seconds)) if pids else 0.0
-    return {
-        "p50": pct(lat, 0.5),
-        "p99": pct(lat, 0.99),
-        "mean": statistics.fmean(lat),
-        "rps": rps,
-        "cpu": cpu,
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput run")
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=3000, help="sequential, for latency")
+    parser.add_argument("--blocks", type=int, default=20, help="of sequential requests, taking turns")
+    parser.add_argument("--block-requests", type=int, default=500, help="sequential, per block")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3, help="medians are reported")
+    parser.add_argument("--rounds", type=int, default=3, help="of throughput; medians are reported")
     parser.add_argument(
         "--access-log", action="store_true", help="keep the JSON access log on (written to a file)"
     )
@@ -265,57 +265,80 @@ def main() -> None:
             floor(engine.url, args.workers) as (floor_url, floor_proc),
             harness.gateway(plan_path, workers=args.workers, **env) as gw,
         ):
-            workers = gw.worker_pids()
-            floor_workers = harness.children(floor_proc.pid)
-            # Rounds alternate direct, nginx, floor and gateway, and the median of each
-            # figure is kept: on a shared 2-core machine any one run can land beside other
-            # work.
-            rounds = []
+            urls = {"direct": engine.url}
+            if nginx_url is not None:
+                urls["nginx"] = nginx_url
+            urls |= {"floor": floor_url, "gateway": gw.url}
+            pids = {"floor": harness.children(floor_proc.pid), "gateway": gw.worker_pids()}
+            path = "/v1/chat/completions"
+            samples = run(latency_blocks(urls, path, args.blocks, args.block_requests))
+            # Throughput rounds take turns too, and the median of each figure is kept. CPU
+            # is read from /proc around each run; its one-second warm-up counts as requests.
+            rps: dict[str, list[float]] = {name: [] for name in urls}
+            cpu: dict[str, list[float]] = {name: [] for name in pids}
             for _ in range(args.rounds):
-                one = {"direct": run(measure(engine.url, args, set()))}
-                if nginx_url is not None:
-                    one["nginx"] = run(measure(nginx_url, args, set()))
-                one["floor"] = run(measure(floor_url, args, floor_workers))
-                one["gateway"] = run(measure(gw.url, args, workers))
-                rounds.append(one)
-    figures = {
-        name: {k: statistics.median(r[name][k] for r in rounds) for k in rounds[0][name]}
-        for name in rounds[0]
+                for name, url in urls.items():
+                    before = cpu_seconds(pids.get(name, set()))
+                    rate, done = run(throughput(url, path, args.connections, args.seconds))
+                    rps[name].append(rate)
+                    if name in pids:
+                        cpu[name].append((cpu_seconds(pids[name]) - before) / (done * (1 + 1 / args.seconds)))
+    report(args, samples, rps, cpu)
+
+
+def report(
+    args: argparse.Namespace,
+    samples: dict[str, list[list[float]]],
+    rps: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+) -> None:
+    names = list(samples)
+    every = {name: [t for block in samples[name] for t in block] for name in names}
+    # A proxy's added latency is taken block by block, against the engine's own in the same
+    # turn, and the median of those is reported: drift between turns cancels out.
+    added = {
+        name: statistics.median(
+            statistics.median(mine) - statistics.median(direct)
+            for mine, direct in zip(samples[name], samples["direct"], strict=True)
+        )
+        for name in names[1:]
     }
-    direct = figures["direct"]
 
     def ms(seconds: float) -> str:
         return f"{seconds * 1000:.3f} ms"
 
-    names = list(figures)
     print(f"{'':24}" + "".join(f"{n:>12}" for n in names))
-    for key in ("p50", "p99", "mean"):
-        print(f"latency {key:<16}" + "".join(f"{ms(figures[n][key]):>12}" for n in names))
-    for key in ("p50", "p99"):
-        print(
-            f"added latency {key:<10}{'':>12}"
-            + "".join(f"{ms(figures[n][key] - direct[key]):>12}" for n in names[1:])
-        )
-    print(f"throughput ({args.connections} conn)" + "".join(f"{figures[n]['rps']:>10.0f}/s" for n in names))
-    if "nginx" in figures:
-        share = figures["gateway"]["rps"] / figures["nginx"]["rps"]
+    print("latency p50             " + "".join(f"{ms(statistics.median(every[n])):>12}" for n in names))
+    print("latency p99             " + "".join(f"{ms(pct(every[n], 0.99)):>12}" for n in names))
+    print(f"added latency p50{'':>19}" + "".join(f"{ms(added[n]):>12}" for n in names[1:]))
+    print(
+        f"added latency p99{'':>19}"
+        + "".join(f"{ms(pct(every[n], 0.99) - pct(every['direct'], 0.99)):>12}" for n in names[1:])
+    )
+    print(
+        f"throughput ({args.connections} conn)"
+        + "".join(f"{statistics.median(rps[n]):>10.0f}/s" for n in names)
+    )
+    if "nginx" in rps:
+        share = statistics.median(rps["gateway"]) / statistics.median(rps["nginx"])
         print(f"gateway throughput / nginx's: {share:.2f}")
     else:
         print("nginx not installed: no reference (apt-get install nginx-light)")
     print(
-        f"CPU per request: gateway {figures['gateway']['cpu'] * 1e6:.0f} us, floor "
-        f"{figures['floor']['cpu'] * 1e6:.0f} us (their workers, from /proc)"
+        f"CPU per request: gateway {statistics.median(cpu['gateway']) * 1e6:.0f} us, floor "
+        f"{statistics.median(cpu['floor']) * 1e6:.0f} us (their workers, from /proc)"
     )
     print(
         "floor: the least a proxy on the gateway's stack costs (bench/proxy_floor.py: falcon on "
         "uvicorn's worker, the gateway's transport, no features)"
     )
+    blocks = samples["gateway"]
     print(
-        f"gateway: {args.workers} worker(s), access log "
-        f"{'on' if args.access_log else 'off'}; medians of {args.rounds} rounds; "
-        f"machine: {os.cpu_count()} cores"
+        f"gateway: {args.workers} worker(s), access log {'on' if args.access_log else 'off'}; "
+        f"latency in {len(blocks)} turns of {len(blocks[0])} requests, throughput the median of "
+        f"{args.rounds} rounds; machine: {os.cpu_count()} cores"
     )
-    print(f"rounds (gateway rps): {[round(r['gateway']['rps']) for r in rounds]}")
+    print(f"rounds (gateway rps): {[round(r) for r in rps['gateway']]}")
 
 
 if __name__ == "__main__":
