@@ -77,11 +77,11 @@ def test_a_kept_alive_connections_next_request_has_the_whole_header_timeout_from
 ) -> None:
     with connect(gw) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert status_of(s.recv(65536)) == 200
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
         time.sleep(HEADER_TIMEOUT * 0.75)
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         answer, waited = until_closed(s)
-    assert status_of(answer) == 408, answer
+    assert b"HTTP/1.1 408 " in answer, answer
     # Not cut short by the first request's clock, nor left open past its own.
     assert HEADER_TIMEOUT - 0.3 < waited < HEADER_TIMEOUT + 3, f"closed after {waited:.1f}s"
 
