@@ -237,8 +237,7 @@ class Proxy:
                     # one piece, and the engine's connection and the replica are free before
                     # it does, with no relay to run.
                     watch.stop()
-                    answer.release()
-                    await upstream.aclose()
+                    await answer.drop()
                     parsed = meter.read(whole)
                     # An engine started with the served name (as llmgw starts every engine:
                     # llmgw/engines.py) already says what was asked for by that name.
@@ -262,8 +261,7 @@ class Proxy:
             # Until the Relay owns the answer, the replica's count and the engine's
             # connection are ours to give back.
             watch.stop()
-            answer.release()
-            await answer.upstream.aclose()
+            await answer.drop()
             raise
 
     async def _open(
@@ -391,8 +389,7 @@ class Proxy:
             raise
         status = answer.upstream.status_code
         if status in _REPLICA_TROUBLE:
-            await answer.upstream.aclose()
-            answer.release()
+            await answer.drop()
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
             self.health.failed(replica, f"answered {status}")
             self.outliers.failed(model, replica, f"answered {status}")
@@ -402,8 +399,7 @@ class Proxy:
     async def _refuse_too_large(self, answer: Answer, watch: Disconnect, length: int) -> None:
         # Said before a byte of it is sent: the client gets a clean error, not a cut body.
         watch.stop()
-        answer.release()
-        await answer.upstream.aclose()
+        await answer.drop()
         metrics.UPSTREAM_ERRORS.labels(answer.replica.endpoint, "too_large").inc()
         raise ApiError(
             502,
@@ -511,6 +507,13 @@ class Answer:
     def release(self) -> None:
         """Its replica is done with: once, however many paths end the answer."""
         self.hold.release()
+
+    async def drop(self) -> None:
+        """Done with before the client has all of it: the replica is released, and the
+        engine's connection given back, or closed if the answer is unfinished (which is what
+        tells the engine to stop generating)."""
+        self.release()
+        await self.upstream.aclose()
 
     def whole(self, limit: int) -> bytes | None:
         """The whole body, when it all came in the first chunk and is at most `limit` bytes.
@@ -672,11 +675,8 @@ class Relay:
                 self.replica.endpoint,
             )
         self.watch.stop()
-        self.answer.release()
         try:
-            # Closing an unfinished answer drops the connection: that is what tells the
-            # engine to stop generating.
-            await self.upstream.aclose()
+            await self.answer.drop()
         finally:
             count_tokens(self.req.context, self.meter, self.upstream.status_code, self.proxy.limiter)
             self.proxy.access.finish(self.req, self.status)

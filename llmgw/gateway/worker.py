@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -120,7 +121,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: tuple[int, str] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
-        self._expire: Any = None
+        self._expire: Callable[[], None] | None = None
         self._body_started = 0.0
         self._body_bytes = 0
         # A connection that never sends a byte is held to the same limit as half a header.
@@ -287,7 +288,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # timer, when it fires, follows the deadline if it has moved on. Setting and cancelling
     # a timer at each phase, for limits that almost never expire, was a third of what these
     # protections added to each answer's latency (measured on an app that answers at once).
-    def _arm(self, seconds: float, then: Any) -> None:
+    def _arm(self, seconds: float, then: Callable[[], None]) -> None:
         self._deadline = self.loop.time() + seconds
         self._expire = then
         if self._timer is not None:
