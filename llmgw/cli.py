@@ -182,7 +182,7 @@ def plan_command(
     """Lint, then write the resolved plan (nothing is written when lint finds errors)."""
     kubernetes = _kubernetes_target(target, namespace, cluster_domain)
     previous = read_previous(previous_path) if previous_path else None
-    result = lint(catalog, fleet_path, previous=previous)
+    result = lint(catalog, fleet_path, previous=previous, kubernetes=kubernetes is not None)
     errors, _ = result.counts()
     if errors:
         REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))

@@ -18,7 +18,7 @@ from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec, Node
 from llmgw.place import Placement, place
 from llmgw.plan import Plan, cycle_collector_paused, file_sha256
-from llmgw.rules import Context, Entry, run_rules
+from llmgw.rules import Context, Entry, demand, run_rules
 from llmgw.validate import check_document, schema_findings
 
 MODEL_SUFFIXES = (".yaml", ".yml")
@@ -42,12 +42,15 @@ class LintResult:
         return [f for f in self.findings if f.file == file and f.severity == "warning"]
 
 
-def lint(catalog: Path, fleet_path: Path, previous: Plan | None = None) -> LintResult:
+def lint(
+    catalog: Path, fleet_path: Path, previous: Plan | None = None, *, kubernetes: bool = False
+) -> LintResult:
+    """`kubernetes`: the plan is for --target kubernetes, which refuses what it cannot run."""
     with cycle_collector_paused():
-        return _lint(catalog, fleet_path, previous)
+        return _lint(catalog, fleet_path, previous, kubernetes)
 
 
-def _lint(catalog: Path, fleet_path: Path, previous: Plan | None) -> LintResult:
+def _lint(catalog: Path, fleet_path: Path, previous: Plan | None, kubernetes: bool) -> LintResult:
     files = catalogue_files(catalog)
     fleet, fleet_doc = read_fleet(fleet_path)
     findings: list[Finding] = []
@@ -85,6 +88,8 @@ def _lint(catalog: Path, fleet_path: Path, previous: Plan | None) -> LintResult:
     entries.sort(key=lambda e: e.spec.name)
     changed = changed_since(previous, documents)
     findings.extend(run_rules(Context(entries, fleet, changed)))
+    if kubernetes:
+        findings.extend(demand.unsupported_on_kubernetes(entries))
     placement = place(entries, fleet, previous, changed)
     findings.extend(placement.findings)
     findings.sort()

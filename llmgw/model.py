@@ -13,6 +13,16 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 Engine = Literal["llamacpp", "vllm"]
 Task = Literal["chat", "completion", "embedding"]
 Routing = Literal["prefix", "least-loaded"]
+Start = Literal["always", "on-demand"]
+
+DEFAULT_IDLE_STOP = "10m"
+DEFAULT_AGENT_PORT = 9100
+_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration_s(text: str) -> int:
+    """`90s`, `10m`, `2h` (as the schema allows them) in seconds."""
+    return int(text[:-1]) * _SECONDS[text[-1]]
 
 DEFAULT_PORTS = (8001, 8099)
 
@@ -70,6 +80,16 @@ class Profile(_Frozen):
     replicas: int | None = None
     endpoints: tuple[str, ...] | None = None
     routing: Routing | None = None
+    start: Start = "always"
+    idle_stop: str | None = None
+
+    @property
+    def on_demand(self) -> bool:
+        return self.start == "on-demand"
+
+    @property
+    def idle_stop_s(self) -> int:
+        return duration_s(self.idle_stop or DEFAULT_IDLE_STOP)
 
     @property
     def external(self) -> bool:
@@ -150,6 +170,12 @@ class Node(_Frozen):
     # None: an older agent that reports nothing. Unknown, not "none installed".
     engines: tuple[str, ...] | None = None
     ports: Ports = Ports()
+    agent_port: int = DEFAULT_AGENT_PORT
+
+    @property
+    def agent(self) -> str:
+        """Where this node's agent listens: the gateway asks it there to start engines."""
+        return f"http://{self.address}:{self.agent_port}"
 
     @property
     def gpu_count(self) -> int:

@@ -61,6 +61,9 @@ class _NodeState:
     holders: dict[str, list[float]] = field(default_factory=dict)
     # The search trees this node is a leaf of, told when it gives up room.
     rooms: list[tuple[_Room, int]] = field(default_factory=list)
+    # On-demand replicas here: each needs what is free beside the always-on ones, and
+    # takes none of it from the next, since the agent makes room by stopping idle ones.
+    on_demand: list[float] = field(default_factory=list)
 
     @property
     def free_gpus(self) -> int:
@@ -80,15 +83,21 @@ class _NodeState:
         gpus: int,
         port: int | None = None,
         gpu_ids: tuple[int, ...] = (),
+        on_demand: bool = False,
     ) -> Slot:
         """Claim room for one replica; the previous plan's port and GPUs when still free,
-        else the lowest free ones, so the same catalogue always gets the same plan."""
+        else the lowest free ones, so the same catalogue always gets the same plan.
+
+        An on-demand replica claims only its port: the memory and GPUs it names are the
+        ones left beside the always-on replicas, which every on-demand replica here shares.
+        """
         taken: tuple[int, ...] = ()
         if gpus:
             keep = len(gpu_ids) == gpus and all(g in self.free_gpu_ids for g in gpu_ids)
             taken = tuple(sorted(gpu_ids)) if keep else tuple(self.free_gpu_ids[:gpus])
-            self.free_gpu_ids = [g for g in self.free_gpu_ids if g not in taken]
-        else:
+            if not on_demand:
+                self.free_gpu_ids = [g for g in self.free_gpu_ids if g not in taken]
+        elif not on_demand:
             self.free_gb -= need_gb
         if port is None:
             port = self.next_port
@@ -96,6 +105,11 @@ class _NodeState:
         while self.next_port in self.ports:
             self.next_port += 1
         self.models.add(model)
+        if on_demand:
+            self.on_demand.append(need_gb)
+            for room, i in self.rooms:
+                room.update(i)
+            return Slot(self.node, port, taken)
         self.replicas += 1
         held = self.holders.setdefault(model, [0, 0.0])
         held[0] += len(taken)
@@ -219,6 +233,10 @@ class _Want:
     def key(self) -> ReplicaKey:
         return (self.entry.spec.name, self.profile.name, self.index)
 
+    @property
+    def on_demand(self) -> bool:
+        return self.profile.on_demand
+
 
 def place(
     entries: list[Entry],
@@ -260,19 +278,23 @@ def _fill(
     def is_new(want: _Want) -> bool:
         return changed is not None and want.entry.doc.file in changed
 
-    # Settled models keep their place first: a model that grew in place must not push
-    # out a neighbour nobody touched.
-    for want in sorted(wants, key=is_new):
-        slot = _keep_previous(want, states, before, chooser)
-        if slot:
-            got[want.key] = slot
-    # Largest first: big replicas find room before small ones fragment the nodes.
-    for want in sorted(wants, key=lambda w: (settled_first and is_new(w), -w.gpus, -w.need_gb, w.key)):
-        if want.key in got:
-            continue
-        slot = chooser.choose(want)
-        if slot:
-            got[want.key] = slot
+    # Always-on replicas first, all of them: an on-demand one must fit beside every
+    # always-on replica of its node, so it is placed against what they leave free.
+    for phase in (False, True):
+        batch = [w for w in wants if w.on_demand is phase]
+        # Settled models keep their place first: a model that grew in place must not push
+        # out a neighbour nobody touched.
+        for want in sorted(batch, key=is_new):
+            slot = _keep_previous(want, states, before, chooser)
+            if slot:
+                got[want.key] = slot
+        # Largest first: big replicas find room before small ones fragment the nodes.
+        for want in sorted(batch, key=lambda w: (settled_first and is_new(w), -w.gpus, -w.need_gb, w.key)):
+            if want.key in got:
+                continue
+            slot = chooser.choose(want)
+            if slot:
+                got[want.key] = slot
     return _result(wants, got, fleet, list(states.values()), chooser)
 
 
@@ -323,7 +345,7 @@ def _keep_previous(
         return None
     if not state.fits(want.need_gb, want.gpus):
         return None
-    return state.take(want.entry.spec.name, want.need_gb, want.gpus, port, gpu_ids)
+    return state.take(want.entry.spec.name, want.need_gb, want.gpus, port, gpu_ids, want.on_demand)
 
 
 class _Chooser:
@@ -401,7 +423,7 @@ class _Chooser:
             s = tier[i]
             if (same or model not in s.models) and s.fits(want.need_gb, want.gpus):
                 self.cursors[key] = i + 1
-                return s.take(model, want.need_gb, want.gpus)
+                return s.take(model, want.need_gb, want.gpus, on_demand=want.on_demand)
         if n <= _WALK:
             return None
         # The rest of the way round, by the tree.
@@ -415,7 +437,7 @@ class _Chooser:
                 s = tier[found]
                 if (same or model not in s.models) and s.fits(want.need_gb, want.gpus):
                     self.cursors[key] = found + 1
-                    return s.take(model, want.need_gb, want.gpus)
+                    return s.take(model, want.need_gb, want.gpus, on_demand=want.on_demand)
                 lo = found + 1
         return None
 
@@ -552,8 +574,13 @@ def _why_short(
             held = _each(
                 fit, lambda n: f"{n} has {states[n].free_gb:g} GB free, held by {states[n].held(gpus=False)}"
             )
+            beside = (
+                " (an on-demand replica must fit beside its node's always-on replicas)"
+                if want.on_demand
+                else ""
+            )
             room = (
-                f"have too little memory left for one needing {want.need_gb:g} GB: {held}. "
+                f"have too little memory left for one needing {want.need_gb:g} GB{beside}: {held}. "
                 "Lower replicas, or add nodes."
             )
         reason = f"too few eligible nodes: the {where} that can hold one {room}"

@@ -114,7 +114,7 @@ def _build_plan(
         if target
         else {}
     )
-    plan["nodes"] = [_node(s.node, s.free_gb, s.free_gpus, s.replicas) for s in result.placement.nodes]
+    plan["nodes"] = [_node(s.node, s.free_gb, s.free_gpus, s.replicas, s.on_demand) for s in result.placement.nodes]
     warnings: dict[str, list[dict[str, str]]] = {}
     for f in result.findings:  # each model's, in one pass rather than a pass per model
         if f.severity == "warning":
@@ -169,7 +169,7 @@ def file_sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _node(node: Node, free_gb: float, free_gpus: int, replicas: int) -> dict[str, Any]:
+def _node(node: Node, free_gb: float, free_gpus: int, replicas: int, on_demand: list[float]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": node.name,
         "address": node.address,
@@ -186,6 +186,13 @@ def _node(node: Node, free_gb: float, free_gpus: int, replicas: int) -> dict[str
         "gpus": node.gpu_count - free_gpus,
         "replicas": replicas,
     }
+    if on_demand:  # absent otherwise, so plans without on-demand profiles read as they did
+        out["on_demand"] = {
+            "replicas": len(on_demand),
+            "memory_gb": round(sum(on_demand), 3),
+            "largest_gb": round(max(on_demand), 3),
+        }
+        out["agent"] = node.agent
     return out
 
 
@@ -240,6 +247,9 @@ def _profile(
     out["served_name"] = spec.name
     out["routing"] = spec.routing_for(profile)
     out["external"] = profile.external
+    if profile.on_demand:  # absent for always-on, so existing plans keep their bytes
+        out["start"] = "on-demand"
+        out["idle_stop_s"] = profile.idle_stop_s
     if profile.external:
         out["replicas"] = [{"endpoint": e.rstrip("/")} for e in profile.endpoints]
     elif target is not None:
@@ -426,6 +436,14 @@ class NodeUse(_Part):
     replicas: int
 
 
+class OnDemandUse(_Part):
+    """A node's on-demand replicas: each fits beside its always-on ones; together they may not."""
+
+    replicas: int
+    memory_gb: Number  # what they would take if all ran at once
+    largest_gb: Number
+
+
 class PlanNode(_Part):
     name: str
     address: str
@@ -435,7 +453,9 @@ class PlanNode(_Part):
     labels: dict[str, str]
     engines: tuple[str, ...] | None = None  # None: the node reports nothing, which is not "none"
     ports: PortRange
-    used: NodeUse
+    used: NodeUse  # the always-on replicas
+    on_demand: OnDemandUse | None = None  # None: the node has no on-demand replica
+    agent: str | None = None  # where its agent listens; written when it has on-demand replicas
 
 
 class Memory(_Part):
@@ -478,8 +498,16 @@ class PlanProfile(_Part):
     served_name: str
     routing: Literal["prefix", "least-loaded"] | None = None  # None: a plan from before routing
     external: bool
+    # None: always on. "on-demand": the node agent starts a replica when the gateway asks,
+    # and stops it after idle_stop_s without requests.
+    start: Literal["on-demand"] | None = None
+    idle_stop_s: int | None = None
     workload: Workload | None = None  # a Kubernetes workload; None for the node agents
     replicas: tuple[PlanReplica, ...]
+
+    @property
+    def on_demand(self) -> bool:
+        return self.start == "on-demand"
 
 
 class PlanWarning(_Part):

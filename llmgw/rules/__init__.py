@@ -118,9 +118,17 @@ Rule = Callable[[Context], Iterable[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from llmgw.rules import external, fleet, limits, memory, names, sources
+    from llmgw.rules import demand, external, fleet, limits, memory, names, sources
 
-    return [names.check, sources.check, limits.check, fleet.check, memory.check, external.check]
+    return [
+        names.check,
+        sources.check,
+        limits.check,
+        fleet.check,
+        memory.check,
+        external.check,
+        demand.check,
+    ]
 
 
 def run_rules(ctx: Context) -> list[Finding]:
