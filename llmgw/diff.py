@@ -48,6 +48,8 @@ PROFILE_FIELDS = (
     "memory_source",
     "served_name",
     "external",
+    "start",
+    "idle_stop_s",
 )
 # `used` is left out: it is the sum of the placements, which the replica lines already show.
 NODE_FIELDS = ("address", "memory_gb", "gpus", "gpu_memory_gb", "labels", "engines", "ports")
@@ -112,10 +114,28 @@ class ResourceChange:
 
 
 @dataclass(frozen=True)
+class NodeMemory:
+    """One node's memory before and after, always-on and on demand apart: a reviewer asks
+    "does it still fit?", and the replica lines alone do not add up to an answer.
+
+    `before_*` is None for a node the old plan did not have.
+    """
+
+    node: str
+    memory_gb: float
+    before_always_on_gb: float | None
+    after_always_on_gb: float
+    before_on_demand: int | None
+    after_on_demand: int
+    largest_on_demand_gb: float | None  # the after side's largest; None without any
+
+
+@dataclass(frozen=True)
 class PlanDiff:
     old_digest: str | None
     new_digest: str | None
     changes: tuple[ResourceChange, ...]
+    memory: tuple[NodeMemory, ...] = ()
 
     def counts(self) -> tuple[int, int, int]:
         """(to add, to change, to remove), counting models and nodes alike."""
@@ -125,7 +145,7 @@ class PlanDiff:
 
     @property
     def has_changes(self) -> bool:
-        return bool(self.changes)
+        return bool(self.changes)  # a node's memory moves only with a change listed here
 
 
 def diff_plans(old: Plan | None, new: Plan) -> PlanDiff:
@@ -135,7 +155,30 @@ def diff_plans(old: Plan | None, new: Plan) -> PlanDiff:
         *_diff_named(old.nodes if old else (), new.nodes, "node", _node_facts, _diff_node),
     ]
     changes.sort(key=lambda c: (_ACTION_ORDER[c.action], _KIND_ORDER[c.kind], c.name))
-    return PlanDiff(old.digest if old else None, new.digest, tuple(changes))
+    return PlanDiff(old.digest if old else None, new.digest, tuple(changes), _memory_changes(old, new))
+
+
+def _memory_changes(old: Plan | None, new: Plan) -> tuple[NodeMemory, ...]:
+    """The nodes whose always-on memory or on-demand replicas change, or that are new."""
+    before = {n.name: n for n in old.nodes} if old else {}
+    out = []
+    for node in sorted(new.nodes, key=lambda n: n.name):
+        was = before.get(node.name)
+        demand = node.on_demand
+        was_demand = None if was is None else (was.on_demand.replicas if was.on_demand else 0)
+        row = NodeMemory(
+            node=node.name,
+            memory_gb=node.memory_gb,
+            before_always_on_gb=None if was is None else was.used.memory_gb,
+            after_always_on_gb=node.used.memory_gb,
+            before_on_demand=was_demand,
+            after_on_demand=demand.replicas if demand else 0,
+            largest_on_demand_gb=demand.largest_gb if demand else None,
+        )
+        same = was is not None and was.used.memory_gb == node.used.memory_gb and was.on_demand == demand
+        if not same and (was is not None or row.after_always_on_gb or row.after_on_demand):
+            out.append(row)
+    return tuple(out)
 
 
 def _diff_named(
@@ -161,7 +204,10 @@ def _diff_named(
 
 def _model_facts(model: PlanModel) -> dict[str, Any]:
     placed = sum(len(p.replicas) for p in model.profiles)
-    return {"task": model.task, "replicas": placed}
+    facts: dict[str, Any] = {"task": model.task, "replicas": placed}
+    if any(p.on_demand for p in model.profiles):
+        facts["on_demand"] = True
+    return facts
 
 
 def _node_facts(node: PlanNode) -> dict[str, Any]:

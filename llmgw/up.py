@@ -11,6 +11,8 @@ which stops every engine. Nothing is left running.
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from llmgw.atomic import replace_file
 from llmgw.errors import PlanError, UsageError
 from llmgw.inventory import entry_yaml, take_inventory
 from llmgw.lint import lint
+from llmgw.model import DEFAULT_AGENT_PORT
 from llmgw.node.agent import executable_for
 from llmgw.plan import build_plan, dump_plan, read_plan
 from llmgw.report import REPORTERS
@@ -34,7 +37,8 @@ PORTS = (8001, 8099)
 def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet_path = state_dir / "fleet.yaml"
-    fleet_path.write_text("nodes:\n" + _indent(entry_yaml(_this_machine())), encoding="utf-8")
+    agent_port = int(status_bind.rpartition(":")[2] or 9100)
+    fleet_path.write_text("nodes:\n" + _indent(entry_yaml(_this_machine(agent_port))), encoding="utf-8")
     plan_path = state_dir / "plan.json"
     # The last plan `up` wrote keeps each replica on its port across restarts.
     previous = None
@@ -57,8 +61,10 @@ def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
     return _run(plan, plan_path, bind, status_bind, state_dir)
 
 
-def _this_machine() -> dict[str, object]:
+def _this_machine(agent_port: int) -> dict[str, object]:
     entry = take_inventory(name=NODE, address="127.0.0.1", ports=PORTS).entry
+    if agent_port != DEFAULT_AGENT_PORT:  # where the gateway asks for on-demand engines
+        entry["agent_port"] = agent_port
     # What the agent will run, not only what is on PATH: the `local` extra's llama-server
     # lives in the package, not on PATH.
     entry["engines"] = sorted(e for e in ("llamacpp", "vllm") if executable_for(e)[0])
@@ -92,8 +98,12 @@ def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, 
 
     signal.signal(signal.SIGINT, stop_soon)
     signal.signal(signal.SIGTERM, stop_soon)
-    agent = subprocess.Popen(agent_cmd, start_new_session=True)
-    gateway = subprocess.Popen(gateway_cmd, start_new_session=True)
+    # The gateway asks the agent to start on-demand engines; the token keeps any other
+    # local process from doing so. Made afresh each time unless the operator gave one.
+    env = dict(os.environ)
+    env.setdefault("LLMGW_AGENT_TOKEN", secrets.token_urlsafe(24))
+    agent = subprocess.Popen(agent_cmd, start_new_session=True, env=env)
+    gateway = subprocess.Popen(gateway_cmd, start_new_session=True, env=env)
     models = plan["models"]
     assert isinstance(models, list)
     names = ", ".join(m["name"] for m in models)

@@ -19,6 +19,7 @@ def diff_document(diff: PlanDiff) -> dict[str, Any]:
         "new_digest": diff.new_digest,
         "summary": {"add": add, "change": change, "remove": remove},
         "changes": [asdict(c) for c in diff.changes],
+        "memory": [asdict(m) for m in diff.memory],
     }
 
 

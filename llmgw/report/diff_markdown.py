@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from llmgw.diff import PlanDiff, ResourceChange
-from llmgw.report.diff_text import SIGNS, closing_line, describe, diff_lines, value
+from llmgw.report.diff_text import SIGNS, closing_line, describe, diff_lines, memory_line, value
 from llmgw.report.markdown import cell, code, fenced
 
 # Past this many lines the full diff is folded; below it, opening a fold costs a click
@@ -42,6 +42,10 @@ def diff_markdown(diff: PlanDiff) -> str:
         sign = SIGNS[change.action]
         lines.append(f"| `{sign}` | {change.kind} {code(change.name)} | {cell(summary(change))} |")
     lines.append("")
+    if diff.memory:
+        lines += ["**Memory by node** (always-on must fit together; each on-demand replica beside them):", ""]
+        lines += [f"- {memory_line(m)}" for m in diff.memory]
+        lines.append("")
     text = diff_lines(diff)
     block = fenced(text, "diff")
     if len(text) > FOLD_AFTER_LINES:

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any, TextIO
 
-from llmgw.diff import FieldChange, PlanDiff, ReplicaChange, ResourceChange
+from llmgw.diff import FieldChange, NodeMemory, PlanDiff, ReplicaChange, ResourceChange
 
 SIGNS = {"add": "+", "change": "~", "remove": "-", "move": "~"}
 _COLORS = {"+": "\x1b[32m", "~": "\x1b[33m", "-": "\x1b[31m"}
@@ -30,8 +30,26 @@ def diff_lines(diff: PlanDiff) -> list[str]:
     lines: list[str] = []
     for change in diff.changes:
         lines.extend(resource_lines(change))
+    if diff.memory:
+        lines.append("Memory by node:")
+        lines.extend(f"    {memory_line(m)}" for m in diff.memory)
     lines.append(closing_line(diff))
     return lines
+
+
+def memory_line(m: NodeMemory) -> str:
+    """`gpu-1: always-on 61 → 74 GB of 80; on demand: 3 replicas, the largest 18 GB`."""
+    after = value(m.after_always_on_gb)
+    moved = m.before_always_on_gb is not None and m.before_always_on_gb != m.after_always_on_gb
+    always = f"{value(m.before_always_on_gb)} → {after}" if moved else after
+    line = f"{m.node}: always-on {always} GB of {value(m.memory_gb)}"
+    if m.after_on_demand or m.before_on_demand:
+        n = m.after_on_demand
+        count = f"{m.before_on_demand} → {n}" if m.before_on_demand not in (None, n) else str(n)
+        line += f"; on demand: {count} replica{'' if n == 1 else 's'}"
+        if m.largest_on_demand_gb is not None:
+            line += f", the largest {value(m.largest_on_demand_gb)} GB"
+    return line
 
 
 def closing_line(diff: PlanDiff) -> str:
@@ -58,7 +76,8 @@ def describe(change: ResourceChange) -> str:
     facts = change.facts
     if change.kind == "model":
         n = facts.get("replicas", 0)
-        return f"{facts.get('task')}, {n} replica{'' if n == 1 else 's'}"
+        demand = ", on demand" if facts.get("on_demand") else ""
+        return f"{facts.get('task')}, {n} replica{'' if n == 1 else 's'}{demand}"
     gpus = facts.get("gpus") or 0
     parts = [str(facts.get("address")), f"{value(facts.get('memory_gb'))} GB"]
     if gpus:
