@@ -67,12 +67,14 @@ ANONYMOUS = Tenant("anonymous")
 def read_digest_file(path: Path) -> dict[str, Tenant]:
     """LLMGW_API_KEYS_FILE: SHA-256 hex digests, one a line; blank lines and # comments skipped."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_bytes().decode("utf-8").splitlines()
     except OSError as exc:
         raise UsageError(
             f"cannot read LLMGW_API_KEYS_FILE {path}: {exc.strerror or exc}. "
             "Point it at a file of SHA-256 digests of the keys, one a line."
         ) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(_not_utf8(path, "LLMGW_API_KEYS_FILE", exc)) from None
     digests = {}
     for number, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip().lower()
@@ -90,17 +92,27 @@ def read_digest_file(path: Path) -> dict[str, Tenant]:
 def read_keys_file(path: Path) -> dict[str, Tenant]:
     """LLMGW_KEYS_FILE (keys.yaml): digest → tenant; UsageError saying what to fix."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise UsageError(
             f"cannot read LLMGW_KEYS_FILE {path}: {exc.strerror or exc}. Point it at the "
             "keys.yaml kept in git beside the catalogue."
         ) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(_not_utf8(path, "LLMGW_KEYS_FILE", exc)) from None
     try:
         doc = YAML(typ="safe").load(text)
     except YAMLError as exc:
         raise UsageError(
             f"{path} (LLMGW_KEYS_FILE) is not valid YAML: {exc}. `llmgw lint` shows where."
+        ) from None
+    except (ValueError, TypeError, OverflowError, KeyError, IndexError, RecursionError) as exc:
+        # YAML types a scalar Python cannot build (`expires: 2027-02-29`, `!!int ""`): it
+        # escaped as a traceback, and a worker starting on it exited and took gunicorn down.
+        raise UsageError(
+            f"{path} (LLMGW_KEYS_FILE) holds a value that cannot be read ({type(exc).__name__}: "
+            f"{exc}); a date must be a real day (e.g. 2027-02-28), and text that looks like a "
+            "number or date must be quoted. `llmgw lint` shows where."
         ) from None
     entries = doc.get("keys") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
@@ -117,6 +129,13 @@ def read_keys_file(path: Path) -> dict[str, Tenant]:
         tenants[digest] = tenant
         names.add(tenant.name)
     return tenants
+
+
+def _not_utf8(path: Path, variable: str, exc: UnicodeDecodeError) -> str:
+    return (
+        f"{path} ({variable}) is not UTF-8: byte {exc.start} is 0x{exc.object[exc.start]:02x}, "
+        "often a Latin-1 letter in a comment; save the file as UTF-8."
+    )
 
 
 def _entry(path: Path, number: int, entry: Any) -> tuple[Tenant, str]:
@@ -174,7 +193,10 @@ class Keys:
             # With no keys read well before, a bad file stops the gateway, as a bad plan does.
             if not self.last_good.is_file():
                 raise
-            self.tenants = self.read(self.last_good)
+            try:
+                self.tenants = self.read(self.last_good)
+            except UsageError as bad:
+                raise UsageError(f"{exc} The last good copy {self.last_good} is bad too: {bad}") from None
             self.refusal = _refusal(exc)
             log.error("refused the keys file at start: %s", self.refusal)
             return
@@ -190,6 +212,13 @@ class Keys:
         except UsageError as exc:
             self.refusal = _refusal(exc)
             log.error("refused the keys file: %s", self.refusal)
+            return
+        except Exception as exc:
+            # A reader bug must still be a refusal /readyz shows, never old keys kept in silence.
+            log.exception("reading %s failed", self.path)
+            self.refusal = _refusal(
+                UsageError(f"the gateway failed reading {self.path} ({type(exc).__name__}); its log has the details.")
+            )
             return
         self.refusal = None
         self._keep_as_last_good()

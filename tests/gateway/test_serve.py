@@ -48,6 +48,8 @@ def test_a_kept_metrics_directory_loses_the_last_runs_files_at_start(
 BAD_SETTINGS = [
     ({"LLMGW_API_KEYS_FILE": "{tmp}/missing-keys.txt"}, "LLMGW_API_KEYS_FILE"),
     ({"LLMGW_API_KEYS_FILE": "{tmp}/keys.txt"}, "LLMGW_API_KEYS_FILE"),  # holds a key, not its digest
+    ({"LLMGW_API_KEYS_FILE": "{tmp}/latin1.txt"}, "not UTF-8"),
+    ({"LLMGW_KEYS_FILE": "{tmp}/keys.yaml"}, "a date must be a real day"),
     ({"LLMGW_CHUNK_TIMEOUT": "5s"}, "LLMGW_CHUNK_TIMEOUT"),
     ({"LLMGW_HEALTH_FAILURES": "2.5"}, "LLMGW_HEALTH_FAILURES"),
     ({"LLMGW_FIRST_BYTE_TIMEOUT": "nan"}, "LLMGW_FIRST_BYTE_TIMEOUT"),
@@ -60,6 +62,8 @@ def test_llmgw_serve_refuses_a_bad_setting_in_one_sentence_before_starting(
     tmp_path: Path, setting: dict[str, str], named: str
 ) -> None:
     (tmp_path / "keys.txt").write_text("sk-the-key-itself\n")
+    (tmp_path / "latin1.txt").write_bytes("# caf\u00e9\n".encode("latin-1"))
+    (tmp_path / "keys.yaml").write_text("keys:\n  - name: a\n    sha256: " + "0" * 64 + "\n    expires: 2027-02-29\n")
     path = tmp_path / "plan.json"
     write_plan(path, plan([model("chat", [profile(["http://127.0.0.1:9"], "chat")])]))
     env = subprocess_env(**{k: v.format(tmp=tmp_path) for k, v in setting.items()})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,6 +151,38 @@ def test_a_bad_keys_file_is_refused_and_the_old_keys_keep_working(served: tuple[
         assert all("sha256" in r["keys"]["reason"] for r in refused.values())
     finally:
         replace(keys, BASE)
+
+
+UNREADABLE = {
+    # A date YAML reads as one but no calendar has: ruamel raised ValueError past the reader.
+    "an impossible date": (BASE + entry("later", LATER, "    expires: 2027-02-29\n")).encode(),
+    "a byte that is not UTF-8": BASE.encode() + "# caf\u00e9\n".encode("latin-1"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(UNREADABLE))
+def test_an_unreadable_keys_file_is_refused_in_running_and_replacement_workers(
+    served: tuple[Gateway, Path], fault: str
+) -> None:
+    gw, keys = served
+    try:
+        tmp = keys.with_name(".keys.yaml.tmp")
+        tmp.write_bytes(UNREADABLE[fault])
+        os.replace(tmp, keys)
+        refused = gw.every_worker(lambda r: r["keys"]["result"] == "refused", 10, f"keys with {fault} refused")
+        assert all("LLMGW_KEYS_FILE" in r["keys"]["reason"] for r in refused.values())
+        # A worker that dies while the file is bad is replaced by one that starts on the last
+        # good keys: before, it exited with code 3 and gunicorn shut the whole gateway down.
+        victim = next(iter(gw.worker_pids()))
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: victim not in gw.worker_pids() and len(gw.worker_pids()) >= gw.workers, 20,
+                   "gunicorn to replace the killed worker")
+        gw.every_worker(lambda r: r["keys"]["result"] == "refused", 15, "the replacement refusing the file too")
+        assert _every_worker_answers(gw, TEAM_B, 200), "the last good keys keep working everywhere"
+        assert gw.proc.poll() is None, "the gateway is still running"
+    finally:
+        replace(keys, BASE)
+        gw.every_worker(lambda r: r["keys"]["result"] == "loaded", 10, "the good keys back")
 
 
 def test_keys_reloaded_under_load_fail_no_request(served: tuple[Gateway, Path]) -> None:
