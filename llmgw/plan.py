@@ -114,7 +114,9 @@ def _build_plan(
         if target
         else {}
     )
-    plan["nodes"] = [_node(s.node, s.free_gb, s.free_gpus, s.replicas, s.on_demand) for s in result.placement.nodes]
+    plan["nodes"] = [
+        _node(s.node, s.free_gb, s.free_gpus, s.replicas, s.on_demand) for s in result.placement.nodes
+    ]
     warnings: dict[str, list[dict[str, str]]] = {}
     for f in result.findings:  # each model's, in one pass rather than a pass per model
         if f.severity == "warning":
@@ -169,7 +171,9 @@ def file_sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _node(node: Node, free_gb: float, free_gpus: int, replicas: int, on_demand: list[float]) -> dict[str, Any]:
+def _node(
+    node: Node, free_gb: float, free_gpus: int, replicas: int, on_demand: list[float]
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": node.name,
         "address": node.address,

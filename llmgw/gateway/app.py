@@ -20,6 +20,7 @@ import httpx
 from llmgw.gateway.access import Access
 from llmgw.gateway.config import Settings, settings_from_env
 from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
+from llmgw.gateway.demand import Demand
 from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.health import Health
@@ -155,12 +156,15 @@ def create_app(
     # requests is the same replica failing completions.
     outliers = Outliers(settings.eject_after, settings.eject_time, settings.eject_max_time)
     budget = RetryBudget(settings.retry_budget, settings.retry_floor)
+    demand = Demand(settings.load_timeout, settings.max_held)
     for kind, path in (
         ("chat", "/v1/chat/completions"),
         ("completion", "/v1/completions"),
         ("embedding", "/v1/embeddings"),
     ):
-        app.add_route(path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter))
+        app.add_route(
+            path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, demand)
+        )
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())
     app.add_route("/readyz", Readyz(state, settings.metrics_token, keys))

@@ -51,6 +51,10 @@ class Settings:
     # An answer is cut off past this many bytes: no engine's honest answer comes near it,
     # and relaying an endless one would tie up a worker and the client's memory.
     max_response_bytes: int = 64 * 1024 * 1024
+    # On-demand engines (gateway/demand.py): how long a request waits for one to load, and
+    # how many may wait per model in one worker.
+    load_timeout: float = 120.0
+    max_held: int = 64
 
 
 # Variable -> Settings field, one table per type; the README's table of variables lists the same names.
@@ -66,6 +70,7 @@ _FLOATS = {
     "LLMGW_EJECT_TIME": "eject_time",
     "LLMGW_EJECT_MAX_TIME": "eject_max_time",
     "LLMGW_RETRY_BUDGET": "retry_budget",
+    "LLMGW_LOAD_TIMEOUT": "load_timeout",
 }
 _INTS = {
     "LLMGW_HEALTH_FAILURES": "health_failures",
@@ -76,6 +81,7 @@ _INTS = {
     "LLMGW_EJECT_AFTER": "eject_after",
     "LLMGW_RETRY_FLOOR": "retry_floor",
     "LLMGW_MAX_RESPONSE_BYTES": "max_response_bytes",
+    "LLMGW_MAX_HELD": "max_held",
 }
 
 

@@ -217,7 +217,9 @@ class Keys:
             # A reader bug must still be a refusal /readyz shows, never old keys kept in silence.
             log.exception("reading %s failed", self.path)
             self.refusal = _refusal(
-                UsageError(f"the gateway failed reading {self.path} ({type(exc).__name__}); its log has the details.")
+                UsageError(
+                    f"the gateway failed reading {self.path} ({type(exc).__name__}); its log has the details."
+                )
             )
             return
         self.refusal = None

@@ -126,6 +126,18 @@ FIRST_TOKEN = Histogram(
     ["model"],
     buckets=_FIRST_TOKEN_BUCKETS,
 )
+HELD = Gauge(
+    "llmgw_held_requests",
+    "Requests waiting for an on-demand engine to start, per worker.",
+    ["model"],
+    multiprocess_mode="livesum",
+)
+LOAD_WAIT = Histogram(
+    "llmgw_on_demand_wait_seconds",
+    "Time a request to an on-demand model waited for its engine (near 0 when it was running).",
+    ["model"],
+    buckets=_BUCKETS,
+)
 UPSTREAM_ERRORS = Counter(
     "llmgw_upstream_errors",
     "Upstream failures: connect, timeout, status (5xx), broken (cut mid-answer).",

@@ -37,6 +37,7 @@ import httpx
 from llmgw.gateway import metrics
 from llmgw.gateway.access import Access, check_model
 from llmgw.gateway.config import Settings
+from llmgw.gateway.demand import Demand
 from llmgw.gateway.errors import ApiError, error_body
 from llmgw.gateway.health import Health
 from llmgw.gateway.limits import Limiter
@@ -156,8 +157,10 @@ class Proxy:
         outliers: Outliers,
         budget: RetryBudget,
         limiter: Limiter | None = None,
+        demand: Demand | None = None,
     ) -> None:
         self.kind = kind
+        self.demand = demand
         self.outliers = outliers
         self.budget = budget
         self.limiter = limiter
@@ -363,7 +366,7 @@ class Proxy:
         """One replica's answer (counted in flight until it is released), or why the
         replica did not take the request; ApiError when no other replica may be tried."""
         try:
-            answer = await self._attempt(outgoing, replica, watch)
+            answer = await self._attempt(outgoing, replica, watch, model.name)
         except _NOT_TAKEN as exc:
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
@@ -422,7 +425,9 @@ class Proxy:
         self.health.failed(faulted.replica, why)
         self.outliers.failed(model, faulted.replica, why)
 
-    async def _attempt(self, outgoing: Outgoing, replica: Replica, watch: Disconnect) -> Answer:
+    async def _attempt(
+        self, outgoing: Outgoing, replica: Replica, watch: Disconnect, model: str = ""
+    ) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
         here, within one first-byte allowance for the headers and that byte together.
 
@@ -433,6 +438,11 @@ class Proxy:
         watch.waiting = True
         hold = replica.hold()
         try:
+            if replica.agent is not None and self.demand is not None:
+                # Held here until its agent has the engine ready (a client that leaves
+                # meanwhile cancels the wait); the first-byte allowance starts after.
+                lease = await self.demand.lease(model, replica)
+                hold.after = functools.partial(self.demand.release, replica, lease)
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.upstream.post(
                     replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts

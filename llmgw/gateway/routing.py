@@ -111,10 +111,14 @@ class Replica:
         "streak",
         "ejected_until",
         "ejections",
+        "agent",
     )
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, agent: str | None = None) -> None:
         self.endpoint = endpoint
+        # An on-demand replica's node agent, which starts its engine when asked: such a
+        # replica is not probed, since "not running" is its resting state, not a fault.
+        self.agent = agent.rstrip("/") if agent else None
         # Its place on the hash ring: from the endpoint alone, so every worker agrees.
         self.seed = int.from_bytes(hashlib.blake2b(endpoint.encode(), digest_size=8).digest(), "big")
         base = endpoint.rstrip("/")
@@ -171,17 +175,21 @@ class InFlight:
     itself, it went up in one place and down in ten, and a new branch had to remember it.)
     """
 
-    __slots__ = ("replica", "_held")
+    __slots__ = ("replica", "_held", "after")
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
         self._held = True
         replica.inflight += 1
+        # Called once with the count: an on-demand replica's lease goes back to its agent.
+        self.after: Callable[[], None] | None = None
 
     def release(self) -> None:
         if self._held:
             self._held = False
             self.replica.inflight -= 1
+            if self.after is not None:
+                self.after()
 
 
 @dataclass
@@ -426,7 +434,9 @@ class RouteTable:
         tiers: dict[int, list[Profile]] = {}
         for p in profiles:
             replicas = tuple(
-                self._replica(r.endpoint, before, planned, p) for r in p.replicas if r.discovery is None
+                self._replica(r.endpoint, before, planned, p, self._agent(p, r.node))
+                for r in p.replicas
+                if r.discovery is None
             )
             groups = tuple(self._group(r.endpoint) for r in p.replicas if r.discovery == "dns")
             routing = p.routing or ("least-loaded" if planned.task == "embedding" else "prefix")
@@ -446,6 +456,8 @@ class RouteTable:
             listing["max_output"] = planned.max_output
         listing["aliases"] = list(planned.aliases)
         listing["task"] = planned.task
+        if any(p.on_demand for p in planned.profiles):  # absent: always on, as listings were
+            listing["start"] = "on-demand"
         return Model(
             name=planned.name,
             task=planned.task,
@@ -454,13 +466,26 @@ class RouteTable:
             listing=listing,
         )
 
+    def _agent(self, profile: PlanProfile, node: str | None) -> str | None:
+        if not profile.on_demand or node is None:
+            return None
+        planned = self.plan.node(node)
+        return planned.agent if planned is not None else None
+
     def _replica(
-        self, endpoint: str, before: Mapping[str, Replica], model: PlanModel, profile: PlanProfile
+        self,
+        endpoint: str,
+        before: Mapping[str, Replica],
+        model: PlanModel,
+        profile: PlanProfile,
+        agent: str | None = None,
     ) -> Replica:
         replica = self.replicas.get(endpoint) or before.get(endpoint)
+        if replica is not None and replica.agent != agent:
+            replica = None  # started on demand now, or no longer: a replica of another kind
         if replica is None:
             try:
-                replica = Replica(endpoint)
+                replica = Replica(endpoint, agent)
             except (ValueError, httpx.InvalidURL) as exc:
                 raise PlanError(
                     f"model '{model.name}' (profile '{profile.name}') lists the endpoint "

@@ -1,0 +1,147 @@
+"""On-demand replicas: ask the node's agent to start the engine, and hold the request meanwhile.
+
+A request for an on-demand replica first takes a lease from the replica's agent
+(docs/on-demand.md): the agent starts the engine if it is idle, making room by stopping idle
+ones, and answers once the engine is ready. The lease counts the request in flight on the
+agent's side, which is how the agent knows never to stop an engine that is answering; it is
+given back when the answer ends, however it ends, through the request's `InFlight` hold.
+
+The wait is bounded twice: by LLMGW_LOAD_TIMEOUT for one request, and by LLMGW_MAX_HELD
+requests held per model in this worker, past which a request is turned away at once rather
+than piling up behind a load that may never finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from typing import Any
+
+import httpx
+
+from llmgw.gateway import metrics
+from llmgw.gateway.errors import ApiError
+from llmgw.gateway.routing import Replica
+
+log = logging.getLogger("llmgw.gateway")
+
+# Each call to the agent waits at most this long, so a client that leaves is noticed, and a
+# 409 (no room yet) is asked again, at least this often.
+ASK_EVERY_S = 10.0
+BUSY_RETRY_S = 1.0
+
+
+class Demand:
+    def __init__(self, load_timeout: float, max_held: int, token: str | None = None) -> None:
+        self.load_timeout = load_timeout
+        self.max_held = max_held
+        self.token = token if token is not None else os.environ.get("LLMGW_AGENT_TOKEN")
+        self.held: dict[str, int] = {}
+        self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(ASK_EVERY_S + 5, connect=2.0))
+        self.releases: set[asyncio.Task[None]] = set()
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    async def lease(self, model: str, replica: Replica) -> str:
+        """The lease id once the replica's engine is ready; ApiError when it cannot be had."""
+        assert replica.agent is not None
+        held = self.held.get(model, 0)
+        if held >= self.max_held:
+            raise ApiError(
+                503,
+                f"{model} is starting and {held} requests are already waiting for it in this "
+                f"gateway worker (LLMGW_MAX_HELD); retry in a few seconds.",
+                type="service_unavailable",
+                code="model_loading",
+                headers={"Retry-After": "5"},
+            )
+        self.held[model] = held + 1
+        metrics.labelled(metrics.HELD, model).inc()
+        started = time.monotonic()
+        try:
+            return await self._lease(model, replica, started)
+        finally:
+            self.held[model] -= 1
+            metrics.labelled(metrics.HELD, model).dec()
+            metrics.labelled(metrics.LOAD_WAIT, model).observe(time.monotonic() - started)
+
+    async def _lease(self, model: str, replica: Replica, started: float) -> str:
+        url = f"{replica.agent}/acquire"
+        said = "no answer yet"
+        while True:
+            left = self.load_timeout - (time.monotonic() - started)
+            if left <= 0:
+                raise ApiError(
+                    503,
+                    f"{model} did not become ready within {self.load_timeout:g}s on {replica.endpoint} "
+                    f"(its agent says: {said}). Retry later; the agent's /status and log say more.",
+                    type="service_unavailable",
+                    code="model_loading",
+                    headers={"Retry-After": str(max(1, math.ceil(self.load_timeout / 4)))},
+                )
+            wait = min(left, ASK_EVERY_S)
+            try:
+                answer = await self.client.post(
+                    url, json={"endpoint": replica.endpoint, "wait_s": wait}, headers=self._headers()
+                )
+            except httpx.HTTPError as exc:
+                raise ApiError(
+                    502,
+                    f"{model} starts on demand, and its node's agent at {replica.agent} cannot be "
+                    f"reached ({type(exc).__name__}); start `llmgw node` there, bound where the "
+                    "gateway reaches it (--status-bind).",
+                    type="upstream_error",
+                    code="agent_unreachable",
+                ) from None
+            body = _json(answer)
+            if answer.status_code == 200 and isinstance(body.get("lease"), str):
+                return str(body["lease"])
+            said = str(body.get("message") or body.get("state") or f"HTTP {answer.status_code}")
+            if answer.status_code in (401, 403):
+                raise ApiError(
+                    502,
+                    f"the agent at {replica.agent} refused to start {model} ({said}); give the "
+                    "gateway and every agent the same LLMGW_AGENT_TOKEN.",
+                    type="upstream_error",
+                    code="agent_refused",
+                )
+            if answer.status_code == 409:  # no room until a busy engine finishes
+                await asyncio.sleep(min(BUSY_RETRY_S, max(0.0, left - wait)) or BUSY_RETRY_S)
+            elif answer.status_code not in (503,):
+                raise ApiError(
+                    502,
+                    f"the agent at {replica.agent} answered {answer.status_code} when asked to start "
+                    f"{model}: {said}",
+                    type="upstream_error",
+                    code="agent_refused",
+                )
+
+    def release(self, replica: Replica, lease: str) -> None:
+        """Give the lease back without making the answer wait for it."""
+        task = asyncio.get_running_loop().create_task(self._release(replica, lease))
+        self.releases.add(task)
+        task.add_done_callback(self.releases.discard)
+
+    async def _release(self, replica: Replica, lease: str) -> None:
+        try:
+            await self.client.post(f"{replica.agent}/release", json={"lease": lease}, headers=self._headers())
+        except httpx.HTTPError as exc:
+            # The agent lets a lease lapse on its own (LLMGW_LEASE_TTL): the engine is only
+            # kept from its idle stop that long.
+            log.warning("could not give lease %s back to %s: %s", lease, replica.agent, exc)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*self.releases, return_exceptions=True)
+        await self.client.aclose()
+
+
+def _json(answer: httpx.Response) -> dict[str, Any]:
+    try:
+        body = answer.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -1,0 +1,106 @@
+"""A node agent's on-demand side, as docs/on-demand.md draws it, for gateway tests: POST
+/acquire starts a fake engine on the replica's planned port (once, however many ask at
+once) and gives a lease; POST /release gives it back. It counts what it was asked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
+
+
+class StandInAgent:
+    def __init__(self, token: str, load_s: float = 0.5, never_ready: bool = False) -> None:
+        self.token = token
+        self.load_s = load_s
+        self.never_ready = never_ready
+        self.leases: set[str] = set()
+        self.acquires = 0
+        self.starts = 0
+        self.waiters_gone = 0
+        self.lock = threading.Lock()
+        self.engines: dict[str, subprocess.Popen[str]] = {}
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _start(self, endpoint: str) -> None:
+        with self.lock:
+            if endpoint in self.engines:
+                return
+            port = endpoint.rsplit(":", 1)[1]
+            self.starts += 1
+            time.sleep(self.load_s)  # the engine loading its weights
+            proc = subprocess.Popen(
+                [sys.executable, str(FAKE_ENGINE), "--port", port, "--name", "on-demand"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert proc.stdout is not None
+            proc.stdout.readline()  # LISTENING
+            self.engines[endpoint] = proc
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        agent = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, body: dict[str, Any] | None = None) -> None:
+                data = json.dumps(body or {}).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if self.headers.get("authorization") != f"Bearer {agent.token}":
+                    self._answer(401, {"message": "wrong token"})
+                    return
+                if self.path == "/release":
+                    with agent.lock:
+                        agent.leases.discard(body["lease"])
+                    self._answer(204)
+                    return
+                with agent.lock:
+                    agent.acquires += 1
+                if agent.never_ready:
+                    deadline = time.monotonic() + float(body["wait_s"])
+                    while time.monotonic() < deadline:
+                        time.sleep(0.05)
+                        try:  # a waiter that left: its connection reads as closed
+                            self.connection.setblocking(False)
+                            if self.connection.recv(1, 2) == b"":  # MSG_PEEK
+                                agent.waiters_gone += 1
+                                return
+                        except BlockingIOError:
+                            pass
+                        finally:
+                            self.connection.setblocking(True)
+                    self._answer(503, {"state": "loading", "message": "still loading its weights"})
+                    return
+                agent._start(body["endpoint"])
+                lease = uuid.uuid4().hex
+                with agent.lock:
+                    agent.leases.add(lease)
+                self._answer(200, {"lease": lease, "state": "ready", "started": True})
+
+        return Handler
+
+    def close(self) -> None:
+        self.server.shutdown()
+        for proc in self.engines.values():
+            proc.kill()
+            proc.wait()
