@@ -11,9 +11,11 @@ which stops every engine. Nothing is left running.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +37,12 @@ PORTS = (8001, 8099)
 
 
 def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
+    # Everything that can stop the run is checked before anything is written or started: a
+    # failed `up` once rewrote the plan a running `up` then reloaded, and loaded the engine
+    # fully before gunicorn found its port taken.
+    _check_not_running(state_dir)
+    _check_free(bind, "--bind")
+    _check_free(status_bind, "--status-bind")
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet_path = state_dir / "fleet.yaml"
     agent_port = int(status_bind.rpartition(":")[2] or 9100)
@@ -59,6 +67,49 @@ def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
         raise UsageError(f"{catalog} has no model this machine can run; nothing started.")
     replace_file(plan_path, dump_plan(plan).encode("utf-8"))
     return _run(plan, plan_path, bind, status_bind, state_dir)
+
+
+def _pid_file(state_dir: Path) -> Path:
+    return state_dir / "up.pid"
+
+
+def _check_not_running(state_dir: Path) -> None:
+    try:
+        pid = int(_pid_file(state_dir).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return  # none recorded, or it is gone: a killed `up` leaves a stale file, not a lock
+    raise UsageError(
+        f"llmgw up is already running here (pid {pid}, state in {state_dir}); stop it with "
+        f"`kill {pid}`, or give this one another --state-dir, --bind and --status-bind."
+    )
+
+
+def _check_free(address: str, flag: str) -> None:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit():
+        raise UsageError(f"{flag} {address!r} is not HOST:PORT; e.g. {flag} 127.0.0.1:8080.")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            raise UsageError(
+                f"{host}:{port} is taken ({exc.strerror or exc}), so nothing was started; stop what "
+                f"holds it, or pass {flag} HOST:PORT with a free port."
+            ) from None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel sends it SIGTERM when `up` dies, however it dies.
+    Closing the terminal or killing `up` once left the agent, gunicorn and the engine
+    running, holding every port the next `up` needed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _this_machine(agent_port: int) -> dict[str, object]:
@@ -96,14 +147,17 @@ def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, 
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, stop_soon)
-    signal.signal(signal.SIGTERM, stop_soon)
+    # A closed terminal (SIGHUP) stops everything as Ctrl-C does.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop_soon)
     # The gateway asks the agent to start on-demand engines; the token keeps any other
     # local process from doing so. Made afresh each time unless the operator gave one.
     env = dict(os.environ)
     env.setdefault("LLMGW_AGENT_TOKEN", secrets.token_urlsafe(24))
-    agent = subprocess.Popen(agent_cmd, start_new_session=True, env=env)
-    gateway = subprocess.Popen(gateway_cmd, start_new_session=True, env=env)
+    pid_file = _pid_file(state_dir)
+    replace_file(pid_file, f"{os.getpid()}\n".encode())
+    agent = subprocess.Popen(agent_cmd, start_new_session=True, env=env, preexec_fn=_die_with_parent)
+    gateway = subprocess.Popen(gateway_cmd, start_new_session=True, env=env, preexec_fn=_die_with_parent)
     models = plan["models"]
     assert isinstance(models, list)
     names = ", ".join(m["name"] for m in models)
@@ -127,6 +181,7 @@ def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, 
     finally:
         for proc in (gateway, agent):  # the gateway first: no request meets a stopped engine
             _stop(proc)
+        pid_file.unlink(missing_ok=True)
     click.echo("llmgw up: stopped the gateway, the agent and every engine.", err=True)
     return code
 

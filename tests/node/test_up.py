@@ -1,0 +1,104 @@
+"""`llmgw up` with a stand-in engine: a taken port stops it before anything is written or
+started, and nothing it started outlives it, however it dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.gateway.harness import ROOT, free_port, wait_until
+from tests.node.agents import chat_model, stand_in_bin
+
+
+def _catalog(root: Path) -> Path:
+    catalog = root / "catalog"
+    catalog.mkdir(parents=True)
+    (catalog / "weights.gguf").write_bytes(b"GGUF" + bytes(64))
+    (catalog / "m.yaml").write_text(chat_model("m"))
+    return catalog
+
+
+def _up(root: Path, bind: str, status_bind: str) -> subprocess.Popen[bytes]:
+    bin_dir = stand_in_bin(root / "bin", "llama-server")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "STAND_IN_DIR": str(bin_dir),
+           "PYTHONPATH": str(ROOT)}
+    env.pop("LLMGW_LLAMA_SERVER", None)
+    argv = [sys.executable, "-m", "llmgw", "up", str(_catalog(root)), "--bind", bind,
+            "--status-bind", status_bind, "--state-dir", str(root / "state")]
+    return subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a zombie is dead, only not yet reaped by its parent
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_up_with_its_port_taken_says_which_and_starts_and_writes_nothing(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = f"127.0.0.1:{holder.getsockname()[1]}"
+        proc = _up(tmp_path, taken, f"127.0.0.1:{free_port()}")
+        out, _ = proc.communicate(timeout=60)
+    text = out.decode()
+    assert proc.returncode == 2, text
+    assert f"{taken} is taken" in text and "--bind" in text and "Traceback" not in text
+    assert not (tmp_path / "state" / "plan.json").exists(), "a failed up must not rewrite the plan"
+    assert not (tmp_path / "bin" / "starts.jsonl").exists(), "no engine was started"
+
+
+def test_nothing_up_started_outlives_it_when_it_is_killed(tmp_path: Path) -> None:
+    status = f"127.0.0.1:{free_port()}"
+    proc = _up(tmp_path, f"127.0.0.1:{free_port()}", status)
+    try:
+        def engine_ready() -> bool:
+            try:
+                replicas = httpx.get(f"http://{status}/status", timeout=2).json()["replicas"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                return False
+            return bool(replicas) and replicas[0]["state"] == "ready"
+
+        wait_until(engine_ready, 60, "the stand-in engine ready under up")
+        starts = (tmp_path / "bin" / "starts.jsonl").read_text().splitlines()
+        engine_pid = json.loads(starts[-1])["pid"]
+        children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert len(children) == 2, "the agent and the gateway"
+        # SIGKILL: no handler runs, so only the kernel can tell the children (a closed
+        # terminal, the OOM killer and `kill -9` all left them running before).
+        proc.kill()
+        proc.wait(10)
+        wait_until(lambda: not any(_alive(p) for p in (*children, engine_pid)), 45,
+                   "the agent, the gateway and the engine to be gone")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+
+
+def test_a_second_up_says_the_first_is_running_with_its_pid(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (state / "up.pid").write_text(f"{sleeper.pid}\n")
+        proc = _up(tmp_path, f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 2
+        assert f"already running here (pid {sleeper.pid}" in out.decode()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
