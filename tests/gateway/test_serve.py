@@ -3,13 +3,27 @@ directory each run leaves behind."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
-from harness import ROOT, Engine, free_port, gateway, model, plan, profile, subprocess_env, write_plan
+from harness import (
+    ROOT,
+    Engine,
+    free_port,
+    gateway,
+    model,
+    plan,
+    profile,
+    subprocess_env,
+    wait_until,
+    write_plan,
+)
 
 from llmgw.gateway.serve import gunicorn_argv, serve_environment
 
@@ -94,3 +108,27 @@ def test_a_gateway_started_by_gunicorn_itself_says_what_is_wrong_without_a_trace
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "cannot read LLMGW_API_KEYS_FILE" in done.stderr
+
+
+def test_workers_die_with_a_master_killed_outright_and_free_the_port(tmp_path: Path, engine_a: Engine) -> None:
+    with gateway(plan_file(tmp_path, engine_a), workers=2) as gw:
+        workers = gw.worker_pids()
+        assert len(workers) == 2
+        os.kill(gw.proc.pid, signal.SIGKILL)
+        gw.proc.wait(10)
+
+        def gone() -> bool:
+            return not any(Path(f"/proc/{p}").exists() and _not_zombie(p) for p in workers)
+
+        wait_until(gone, 10, "the workers to die with their master")
+        host, port = gw.url.removeprefix("http://").split(":")
+        with socket.socket() as probe:  # a restarted service can listen there at once
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, int(port)))
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
