@@ -172,8 +172,8 @@ class _Parser:
         if self.at + n > self.limit:
             if self.limit < MAX_HEADER_BYTES:
                 raise InspectError(
-                    f"{self.where} ends {self.limit} bytes in, inside {what} of {n} bytes the header "
-                    f"claims at byte {self.at}: the GGUF header is truncated or damaged. The "
+                    f"{self.where} ends {self.limit} bytes in, inside {what} (it needs {n} bytes from "
+                    f"byte {self.at}): the GGUF header is truncated or damaged. The "
                     "download was cut short, or the file is broken; fetch it again."
                 )
             raise InspectError(
