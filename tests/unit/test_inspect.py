@@ -238,7 +238,7 @@ def test_more_keys_or_tensors_than_the_file_holds_are_refused(tmp_path):
 def test_a_string_longer_than_the_file_is_refused(tmp_path):
     path = tmp_path / "string.gguf"
     path.write_bytes(_raw_gguf(struct.pack("<Q", 50_000_000) + b"x" * 10, 1))
-    with pytest.raises(InspectError, match=r"inside a string \(it needs 50000000 bytes from byte 24\)"):
+    with pytest.raises(InspectError, match=r"inside a string \(it needs 50000000 bytes from byte 32\)"):
         inspect(str(path))
 
 
