@@ -25,6 +25,17 @@ MAX_HEADER_BYTES = 64 * 1024 * 1024
 # Longer arrays (the vocabulary, its scores and merges) are counted and skipped, not kept.
 KEEP_ARRAY_ITEMS = 4096
 SUPPORTED_VERSIONS = (2, 3)
+# Lint reads headers on every pull request, so a damaged or hostile file must be refused in
+# milliseconds: every count the header claims is checked against the bytes it could still
+# occupy before anything is allocated or looped over. The bounds below are far past any model.
+MAX_DIMS = 8  # GGUF's own limit is 4
+MAX_ARRAY_DEPTH = 8  # arrays of arrays: llama.cpp writes one level, never more
+MAX_LAYERS = 65_536  # per-layer tuples are built from this; the largest models have ~200
+# The fewest bytes one item can take, so a count × this must fit in what is left:
+KV_MIN_BYTES = 8 + 4 + 1  # key length, value type, a one-byte value
+TENSOR_MIN_BYTES = 8 + 4 + 4 + 8  # name length, dimension count, type, offset
+STRING_MIN_BYTES = 8  # its length
+ARRAY_MIN_BYTES = 4 + 8  # item type, count
 
 # Where llama.cpp's loader fixes the sliding-window layout in code rather than reading it
 # from the file: every n-th layer attends globally, the others to the window (set_swa_pattern).
@@ -74,15 +85,17 @@ class _LongArray:
     count: int
 
 
-def read_header(stream: Stream, where: str) -> Header:
-    """`where` names the source in every sentence, so a person knows which file is wrong."""
-    return _Parser(stream, where).header()
+def read_header(stream: Stream, where: str, size: int | None = None) -> Header:
+    """`where` names the source in every sentence, so a person knows which file is wrong;
+    `size`, the whole file's, when known, bounds what the header may claim more tightly."""
+    return _Parser(stream, where, size).header()
 
 
 class _Parser:
-    def __init__(self, stream: Stream, where: str) -> None:
+    def __init__(self, stream: Stream, where: str, size: int | None = None) -> None:
         self.stream = stream
         self.where = where
+        self.limit = min(MAX_HEADER_BYTES, size) if size is not None else MAX_HEADER_BYTES
         self.buffer = bytearray()
         self.at = 0  # bytes consumed from the start of the file
         self.order = "<"
@@ -104,17 +117,25 @@ class _Parser:
                 f"{self.where} claims {kv_count} metadata keys and {tensor_count} tensors, which no "
                 "model has: the header is damaged. Download the file again."
             )
+        self._fits(kv_count, KV_MIN_BYTES, "metadata keys")
         metadata: dict[str, Any] = {}
         for _ in range(kv_count):
             key = self._string()
             metadata[key] = self._value(self._u32())
+        self._fits(tensor_count, TENSOR_MIN_BYTES, "tensors")
         parameters = 0
         for _ in range(tensor_count):
-            self._string()
-            dims = [self._u64() for _ in range(self._u32())]
+            name = self._string()
+            n_dims = self._u32()
+            if n_dims > MAX_DIMS:
+                raise InspectError(
+                    f"{self.where} says tensor {name[:80]!r} has {n_dims} dimensions; GGUF allows at "
+                    "most 4: the header is damaged. Download the file again."
+                )
+            dims = [self._u64() for _ in range(n_dims)]
             self._u32(), self._u64()  # type, offset
             parameters += math.prod(dims)
-        return _facts(version, self.at, metadata, parameters, tensor_count)
+        return _facts(self.where, version, self.at, metadata, parameters, tensor_count)
 
     def _version(self) -> int:
         (version,) = struct.unpack("<I", self._exact(4, "the version"))
@@ -129,8 +150,32 @@ class _Parser:
             )
         return int(version)
 
+    def _fits(self, count: int, each: int, what: str) -> None:
+        """Refuses a count whose items could not fit in the rest of the header (or file),
+        before a loop over them starts: a 155-byte file may claim 2**60 of anything."""
+        left = self.limit - self.at
+        if count * each <= left:
+            return
+        if self.limit < MAX_HEADER_BYTES:
+            raise InspectError(
+                f"{self.where} ends {self.limit} bytes in, inside the {count} {what} its header "
+                f"claims at byte {self.at} (at least {count * each} bytes): the GGUF header is "
+                "truncated or damaged. Fetch the file again."
+            )
+        raise InspectError(
+            f"{self.where} claims {count} {what} at byte {self.at}, which need at least "
+            f"{count * each} bytes, more than a {MAX_HEADER_BYTES // 2**20} MiB header holds: "
+            "the header is damaged. Download the file again."
+        )
+
     def _exact(self, n: int, what: str = "the header") -> bytes:
-        if self.at + n > MAX_HEADER_BYTES:
+        if self.at + n > self.limit:
+            if self.limit < MAX_HEADER_BYTES:
+                raise InspectError(
+                    f"{self.where} ends {self.limit} bytes in, inside {what} (it needs {n} bytes from "
+                    f"byte {self.at}): the GGUF header is truncated or damaged. The "
+                    "download was cut short, or the file is broken; fetch it again."
+                )
             raise InspectError(
                 f"{self.where} has a header longer than {MAX_HEADER_BYTES // 2**20} MiB, which no "
                 "model needs: the file is damaged or not a model. Download it again."
@@ -161,17 +206,24 @@ class _Parser:
     def _string(self) -> str:
         return self._exact(self._u64(), "a string").decode("utf-8", errors="replace")
 
-    def _value(self, kind: int) -> Any:
+    def _value(self, kind: int, depth: int = 0) -> Any:
         import gguf
 
         if kind == gguf.GGUFValueType.STRING:
             return self._string()
         if kind == gguf.GGUFValueType.ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                # Read by recursion: unbounded, a deep file would end in RecursionError.
+                raise InspectError(
+                    f"{self.where} nests arrays more than {MAX_ARRAY_DEPTH} deep at byte {self.at}; "
+                    "no model's metadata does: the header is damaged. Download the file again."
+                )
             item_type, count = self._u32(), self._u64()
+            self._fits(count, _min_item_bytes(item_type), "array items")
             if count > KEEP_ARRAY_ITEMS:
                 self._skip_items(item_type, count)
                 return _LongArray(item_type, count)
-            return [self._value(item_type) for _ in range(count)]
+            return [self._value(item_type, depth + 1) for _ in range(count)]
         fmt = _SCALARS.get(kind)
         if fmt is None:
             raise InspectError(
@@ -204,9 +256,22 @@ class _Parser:
 # struct formats by GGUFValueType number (UINT8 … FLOAT64; STRING and ARRAY are read apart).
 # Numbers rather than the enum, so the table is built without importing gguf and numpy.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
 
 
-def _facts(version: int, size: int, meta: dict[str, Any], parameters: int, tensors: int) -> Header:
+def _min_item_bytes(item_type: int) -> int:
+    if item_type == _STRING:
+        return STRING_MIN_BYTES
+    if item_type == _ARRAY:
+        return ARRAY_MIN_BYTES
+    fmt = _SCALARS.get(item_type)
+    # An unknown type is refused when its first item is read; 1 keeps the bound honest till then.
+    return struct.calcsize(fmt) if fmt else 1
+
+
+def _facts(
+    where: str, version: int, size: int, meta: dict[str, Any], parameters: int, tensors: int
+) -> Header:
     import gguf
 
     arch = meta.get(gguf.Keys.General.ARCHITECTURE)
@@ -216,6 +281,12 @@ def _facts(version: int, size: int, meta: dict[str, Any], parameters: int, tenso
         return meta.get(template.format(arch=arch)) if arch else None
 
     layers = _int(key(gguf.Keys.LLM.BLOCK_COUNT))
+    if layers is not None and not 0 <= layers <= MAX_LAYERS:
+        # Checked before per-layer tuples are built: 2**27 layers took 51 s and 2.3 GB.
+        raise InspectError(
+            f"{where} says the model has {layers} layers; no model has more than {MAX_LAYERS}: "
+            "the header is damaged. Download the file again."
+        )
     heads = _most(key(gguf.Keys.Attention.HEAD_COUNT))
     kv_heads = _most(key(gguf.Keys.Attention.HEAD_COUNT_KV))
     embedding = _int(key(gguf.Keys.LLM.EMBEDDING_LENGTH))

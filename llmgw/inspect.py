@@ -62,7 +62,7 @@ def _sliding_window(h: Header) -> dict[str, Any] | None:
 
 def inspect(source: str, base_dir: Path | None = None) -> Inspection:
     with open_source(source, base_dir) as opened:
-        header = read_header(opened.stream, opened.where)
+        header = read_header(opened.stream, opened.where, opened.size)
         return Inspection(source, opened.size, header)
 
 

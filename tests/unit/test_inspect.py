@@ -183,3 +183,100 @@ def test_cli_write_needs_a_model_file(llmgw, tmp_path):
     run = llmgw("inspect", path, "--write")
     assert run.code == 2, run
     assert "--write fills in a model file" in run.stderr
+
+
+# Damaged or hostile headers: lint reads a local .gguf on every pull request, so each count a
+# header claims is checked against what the file can hold before anything loops or allocates.
+def _raw_gguf(kvs: bytes = b"", kv_count: int = 0, tensors: bytes = b"", tensor_count: int = 0) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", 3, tensor_count, kv_count) + kvs + tensors
+
+
+def _s(text: str) -> bytes:
+    return struct.pack("<Q", len(text)) + text.encode()
+
+
+def _kv_u32(key: str, value: int) -> bytes:
+    return _s(key) + struct.pack("<II", 4, value)
+
+
+def test_a_header_claiming_2_27_layers_is_refused_before_per_layer_tuples(tmp_path):
+    # A sliding window makes the reader build one entry per layer: 2**27 of them took 51 s.
+    kvs = (_s("general.architecture") + struct.pack("<I", 8) + _s("gemma3")
+           + _kv_u32("gemma3.block_count", 2**27) + _kv_u32("gemma3.attention.sliding_window", 512))
+    path = tmp_path / "layers.gguf"
+    path.write_bytes(_raw_gguf(kvs, 3))
+    with pytest.raises(InspectError, match="says the model has 134217728 layers; no model has more than 65536"):
+        inspect(str(path))
+
+
+def test_an_array_longer_than_the_file_is_refused(tmp_path):
+    kvs = _s("tokenizer.ggml.scores") + struct.pack("<IIQ", 9, 6, 2**40)
+    path = tmp_path / "array.gguf"
+    path.write_bytes(_raw_gguf(kvs, 1))
+    with pytest.raises(InspectError, match=r"ends \d+ bytes in, inside the 1099511627776 array items"):
+        inspect(str(path))
+
+
+def test_an_array_longer_than_any_header_is_refused_when_the_size_is_unknown(tmp_path):
+    import io
+
+    kvs = _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2**40)
+    with pytest.raises(InspectError, match="claims 1099511627776 array items .* more than a 64 MiB header"):
+        read_header(io.BytesIO(_raw_gguf(kvs, 1)), "stream.gguf")
+
+
+def test_more_keys_or_tensors_than_the_file_holds_are_refused(tmp_path):
+    path = tmp_path / "keys.gguf"
+    path.write_bytes(_raw_gguf(kv_count=900_000))
+    with pytest.raises(InspectError, match="inside the 900000 metadata keys"):
+        inspect(str(path))
+    path.write_bytes(_raw_gguf(tensor_count=9_000_000))
+    with pytest.raises(InspectError, match="inside the 9000000 tensors"):
+        inspect(str(path))
+
+
+def test_a_string_longer_than_the_file_is_refused(tmp_path):
+    path = tmp_path / "string.gguf"
+    path.write_bytes(_raw_gguf(struct.pack("<Q", 50_000_000) + b"x" * 10, 1))
+    with pytest.raises(InspectError, match=r"inside a string \(it needs 50000000 bytes from byte 32\)"):
+        inspect(str(path))
+
+
+def test_a_tensor_with_100000_dimensions_is_refused(tmp_path):
+    tensor = _s("t") + struct.pack("<I", 100_000) + struct.pack("<Q", 2**40) * 100_000 + struct.pack("<IQ", 0, 0)
+    path = tmp_path / "dims.gguf"
+    path.write_bytes(_raw_gguf(tensors=tensor, tensor_count=1))
+    with pytest.raises(InspectError, match="tensor 't' has 100000 dimensions; GGUF allows at most 4"):
+        inspect(str(path))
+
+
+def test_arrays_nested_200000_deep_are_refused_not_a_recursion_error(tmp_path):
+    nested = struct.pack("<IQ", 9, 1) * 200_000 + struct.pack("<IQ", 4, 1) + struct.pack("<I", 7)
+    path = tmp_path / "deep.gguf"
+    path.write_bytes(_raw_gguf(_s("x.deep") + struct.pack("<I", 9) + nested, 1))
+    with pytest.raises(InspectError, match="nests arrays more than 8 deep"):
+        inspect(str(path))
+
+
+def test_lint_reports_a_damaged_header_and_still_checks_the_good_model(tmp_path):
+    from tests.unit.helpers import by_rule, run
+
+    write_gguf(tmp_path / "good.gguf", "gemma3", layers=6, window=512)
+    nested = struct.pack("<IQ", 9, 1) * 200_000 + struct.pack("<IQ", 4, 1) + struct.pack("<I", 7)
+    (tmp_path / "bad.gguf").write_bytes(_raw_gguf(_s("x.deep") + struct.pack("<I", 9) + nested, 1))
+    models = {f"{n}.yaml": (f"name: {n}\nsource: ../{n}.gguf\ncontext_length: 2048\n"
+                            "profiles:\n  - name: cpu\n    engine: llamacpp\n") for n in ("bad", "good")}
+    fleet = "nodes:\n  - {name: n1, address: 127.0.0.1, memory_gb: 8, engines: [llamacpp]}\n"
+    result = run(tmp_path, models, fleet)
+    [finding] = by_rule(result, "gguf-header")
+    assert "bad.gguf nests arrays more than 8 deep" in finding.message
+    good = next(e for e in result.entries if e.spec.name == "good")
+    memory = good.memory(good.spec.profiles[0])
+    assert memory is not None and "architecture from the GGUF header" in memory.basis
+
+
+def test_cli_damaged_header_exits_2_with_the_sentence(llmgw, tmp_path):
+    (tmp_path / "x.gguf").write_bytes(_raw_gguf(kv_count=900_000))
+    run = llmgw("inspect", "x.gguf", cwd=tmp_path)
+    assert run.code == 2, run
+    assert "inside the 900000 metadata keys" in run.stderr and "Traceback" not in run.stderr
