@@ -560,7 +560,18 @@ def node_command(
         if plan_path is not None
         else GatewayPlan(str(gateway_url), os.environ.get("LLMGW_ADMIN_TOKEN"))
     )
-    run_node(Settings(node_name, state_dir, grace_s=grace), source, status_bind)
+    run_node(Settings(node_name, state_dir, grace_s=grace, lease_ttl_s=_lease_ttl_s()), source, status_bind)
+
+
+def _lease_ttl_s() -> float:
+    text = os.environ.get("LLMGW_LEASE_TTL", "900")
+    try:
+        ttl = float(text)
+    except ValueError:
+        ttl = -1.0
+    if ttl <= 0:
+        raise UsageError(f"LLMGW_LEASE_TTL={text} is not a number of seconds above 0; unset it for 900.")
+    return ttl
 
 
 @node_command.command("status")
