@@ -65,7 +65,9 @@ class Engine:
     last_used: float  # monotonic; least recently used goes first
 
 
-def engines_to_stop(need: Engine, capacity_gb: float, running: list[Engine], free_gb: float | None) -> list[Engine]:
+def engines_to_stop(
+    need: Engine, capacity_gb: float, running: list[Engine], free_gb: float | None
+) -> list[Engine]:
     """The least recently used idle engines whose stopping lets `need` start, or NoRoom.
 
     Nothing is stopped unless stopping is enough: a refusal after an eviction would have
@@ -132,7 +134,9 @@ class OnDemand:
         for runner in self.agent.runners.values():
             if runner.want.replica.endpoint == endpoint.rstrip("/"):
                 if not runner.on_demand:
-                    raise NotOnDemand(f"{endpoint} is an always-on replica of this node: send requests to it directly.")
+                    raise NotOnDemand(
+                        f"{endpoint} is an always-on replica of this node: send requests to it directly."
+                    )
                 return runner
         raise NotOnDemand(
             f"{endpoint} is not a replica of node {self.agent.settings.node} in plan "
@@ -197,7 +201,9 @@ class OnDemand:
 
     async def _make_room(self, runner: Runner) -> None:
         need = _engine(runner)
-        running = [_engine(r) for r in self.agent.runners.values() if r.on_demand and r.active and r is not runner]
+        running = [
+            _engine(r) for r in self.agent.runners.values() if r.on_demand and r.active and r is not runner
+        ]
         for victim in engines_to_stop(need, self.capacity_gb(), running, available_gb()):
             stopped = self.agent.runners[victim.key]
             log.info("%s evicted to make room for %s", stopped.want.key, runner.want.key)

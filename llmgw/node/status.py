@@ -65,7 +65,9 @@ class _AgentCollector(Collector):
             labels=labels[:3],
         )
         load = GaugeMetricFamily(
-            "llmgw_node_replica_load_seconds", "The last start's seconds from launch to ready.", labels=labels[:3]
+            "llmgw_node_replica_load_seconds",
+            "The last start's seconds from launch to ready.",
+            labels=labels[:3],
         )
         in_flight = GaugeMetricFamily(
             "llmgw_node_replica_in_flight", "Leases held on an on-demand engine.", labels=labels[:3]
@@ -124,7 +126,9 @@ def _authorize(req: falcon.asgi.Request, token: str | None) -> None:
 async def _body(req: falcon.asgi.Request) -> dict[str, Any]:
     raw = await req.stream.read(BODY_LIMIT + 1)
     if len(raw) > BODY_LIMIT:
-        raise Refusal(f"the body is over {BODY_LIMIT} bytes; send one JSON object as docs/on-demand.md shows.")
+        raise Refusal(
+            f"the body is over {BODY_LIMIT} bytes; send one JSON object as docs/on-demand.md shows."
+        )
     try:
         doc = json.loads(raw or b"null")
     except ValueError:

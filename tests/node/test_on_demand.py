@@ -60,7 +60,9 @@ def run(agents: list[Agent], fleet: Fleet, bin_dir: Path, **env: str) -> Agent:
     return agent.start()
 
 
-def acquire(agent: Agent, endpoint: str, token: str | None = TOKEN, wait_s: float = 20, **kw: Any) -> httpx.Response:
+def acquire(
+    agent: Agent, endpoint: str, token: str | None = TOKEN, wait_s: float = 20, **kw: Any
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     return httpx.post(
         agent.status_url + "/acquire",
@@ -72,7 +74,10 @@ def acquire(agent: Agent, endpoint: str, token: str | None = TOKEN, wait_s: floa
 
 def release(agent: Agent, lease: str) -> httpx.Response:
     return httpx.post(
-        agent.status_url + "/release", json={"lease": lease}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+        agent.status_url + "/release",
+        json={"lease": lease},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
     )
 
 
@@ -84,7 +89,11 @@ def pids_of(agent: Agent, endpoint: str) -> list[int]:
 def plan_three(fleet: Fleet, idle: str = "60s") -> dict[str, str]:
     return endpoints(
         fleet.plan(
-            {"a.yaml": on_demand("a", idle=idle), "b.yaml": on_demand("b", idle=idle), "c.yaml": chat_model("c")}
+            {
+                "a.yaml": on_demand("a", idle=idle),
+                "b.yaml": on_demand("b", idle=idle),
+                "c.yaml": chat_model("c"),
+            }
         )
     )
 
@@ -128,7 +137,9 @@ def test_an_acquire_starts_the_engine_and_leases_it_until_released(
     assert again["started"] is False and agent.replicas()["a"]["starts"] == 1
 
 
-def test_acquiring_b_evicts_the_idle_a_when_both_do_not_fit(fleet: Fleet, bin_dir: Path, agents: list[Agent]) -> None:
+def test_acquiring_b_evicts_the_idle_a_when_both_do_not_fit(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
     where = plan_three(fleet)
     agent = run(agents, fleet, bin_dir)
     lease = acquire(agent, where["a"]).json()["lease"]
@@ -144,11 +155,19 @@ def test_acquiring_b_evicts_the_idle_a_when_both_do_not_fit(fleet: Fleet, bin_di
     status = agent.status()
     assert status is not None and status["memory"]["on_demand_gb"] == 0.5
     metrics = httpx.get(agent.status_url + "/metrics", timeout=5).text
-    assert f'llmgw_node_replica_evictions_total{{endpoint="{where["a"]}",model="a",profile="cpu"}} 1.0' in metrics
-    assert f'llmgw_node_replica_state{{endpoint="{where["a"]}",model="a",profile="cpu",state="idle"}} 1.0' in metrics
+    assert (
+        f'llmgw_node_replica_evictions_total{{endpoint="{where["a"]}",model="a",profile="cpu"}} 1.0'
+        in metrics
+    )
+    assert (
+        f'llmgw_node_replica_state{{endpoint="{where["a"]}",model="a",profile="cpu",state="idle"}} 1.0'
+        in metrics
+    )
 
 
-def test_an_engine_with_a_request_in_flight_is_never_evicted(fleet: Fleet, bin_dir: Path, agents: list[Agent]) -> None:
+def test_an_engine_with_a_request_in_flight_is_never_evicted(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
     where = plan_three(fleet)
     agent = run(agents, fleet, bin_dir)
     acquire(agent, where["a"])  # the lease is kept
@@ -206,7 +225,9 @@ def test_control_calls_need_the_agents_token_and_status_stays_open(
     assert "LLMGW_AGENT_TOKEN is not set" in unset.log_text(), "no warning at the start"
 
 
-def test_a_bad_body_or_an_unknown_endpoint_is_a_sentence(fleet: Fleet, bin_dir: Path, agents: list[Agent]) -> None:
+def test_a_bad_body_or_an_unknown_endpoint_is_a_sentence(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
     where = plan_three(fleet)
     agent = run(agents, fleet, bin_dir)
     headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -220,7 +241,9 @@ def test_a_bad_body_or_an_unknown_endpoint_is_a_sentence(fleet: Fleet, bin_dir: 
     assert always.status_code == 404 and "always-on" in always.json()["message"]
 
 
-def test_a_caller_that_leaves_before_ready_starts_nothing(fleet: Fleet, bin_dir: Path, agents: list[Agent]) -> None:
+def test_a_caller_that_leaves_before_ready_starts_nothing(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
     where = plan_three(fleet)
     agent = run(agents, fleet, bin_dir, STAND_IN_LOAD_S="30")
     with pytest.raises(httpx.ReadTimeout):
