@@ -560,7 +560,18 @@ def node_command(
         if plan_path is not None
         else GatewayPlan(str(gateway_url), os.environ.get("LLMGW_ADMIN_TOKEN"))
     )
-    run_node(Settings(node_name, state_dir, grace_s=grace), source, status_bind)
+    run_node(Settings(node_name, state_dir, grace_s=grace, lease_ttl_s=_lease_ttl_s()), source, status_bind)
+
+
+def _lease_ttl_s() -> float:
+    text = os.environ.get("LLMGW_LEASE_TTL", "900")
+    try:
+        ttl = float(text)
+    except ValueError:
+        ttl = -1.0
+    if ttl <= 0:
+        raise UsageError(f"LLMGW_LEASE_TTL={text} is not a number of seconds above 0; unset it for 900.")
+    return ttl
 
 
 @node_command.command("status")
@@ -575,15 +586,30 @@ def node_status_command(agent_url: str) -> None:
     except (httpx.HTTPError, ValueError) as exc:
         raise UsageError(f"no agent answers at {url} ({exc}); start one with `llmgw node`.") from None
     click.echo(f"node {doc['node']}, plan {doc['plan_digest']}")
-    rows = [("MODEL", "PROFILE", "ENDPOINT", "STATE", "PID", "RESTARTS", "MESSAGE")]
+    memory = doc.get("memory")  # absent from an agent older than on-demand replicas
+    if memory and memory.get("total_gb") is not None:
+        free = memory["available_gb"]
+        click.echo(
+            f"memory: {memory['always_on_gb']:g} GB always-on + {memory['on_demand_gb']:g} GB on demand "
+            f"of {memory['total_gb']:g} GB; the machine has "
+            + ("unknown" if free is None else f"{free:.1f} GB")
+            + " available"
+        )
+    rows: list[tuple[str, ...]] = [
+        ("MODEL", "PROFILE", "ENDPOINT", "START", "STATE", "PID", "IN FLIGHT", "STARTS", "RESTARTS", "MESSAGE")
+    ]
     for r in doc["replicas"]:
+        on_demand = r.get("start") == "on-demand"
         rows.append(
             (
                 r["model"],
                 r["profile"],
                 r["endpoint"],
+                "on-demand" if on_demand else "always",
                 r["state"],
                 str(r["pid"] or "-"),
+                str(r["in_flight"]) if on_demand else "-",
+                str(r.get("starts", "-")),
                 str(r["restarts"]),
                 r["message"] or "",
             )

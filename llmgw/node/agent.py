@@ -9,6 +9,10 @@ Each replica the plan places here gets a Runner, which walks it through
 and a new plan is reconciled against the runners: what is new starts, what is gone stops,
 what changed (command line or weights) is replaced, and what did not change is not touched.
 Nothing a replica does stops the agent: a failure is a state with a sentence.
+
+An on-demand replica (the profile's `start: on-demand`) waits in state `idle` instead, until
+the gateway acquires it (llmgw/node/demand.py); it goes back to `idle` when it is stopped
+for room or after its idle time, and when it fails while nobody wants it.
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ class Settings:
     grace_s: float = 30.0
     log_limit_bytes: int = 10 * 1024 * 1024
     health_interval_s: float = 0.5
+    lease_ttl_s: float = 900.0  # a lease its gateway never released lapses after this
+    tick_s: float = 1.0  # how often leases and idle times are looked at
 
 
 @dataclass(frozen=True)
@@ -209,11 +215,59 @@ class Runner:
         self.process: EngineProcess | None = None
         self.log = log_path(settings.state_dir, want.key)
         self.task: asyncio.Task[None] | None = None
+        self.starts = 0  # engine processes this agent started for the replica
+        self.load_s: float | None = None  # the last start's seconds to ready
+        self._launched_at: float | None = None
+        # On demand: what keeps it wanted, and what idle time counts from.
+        self.leases: dict[str, float] = {}  # lease id → when it lapses (monotonic)
+        self.waiters = 0  # acquires waiting for it to be ready
+        self.idle_since = time.monotonic()
+        self.last_used: float | None = None  # wall clock: the end of its last lease
+        self.evictions = 0
+        self.idle_stops = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def on_demand(self) -> bool:
+        return self.want.profile.on_demand
+
+    @property
+    def active(self) -> bool:
+        """Its engine runs, or is on its way up, or waits out a backoff to start again."""
+        return self.task is not None and not self.task.done()
+
+    @property
+    def wanted(self) -> bool:
+        """Someone waits for it or has a request in flight: only then is a crash retried."""
+        return self.waiters > 0 or bool(self.leases)
 
     def start(self, adopted: Record | None) -> None:
+        if self.on_demand and adopted is None:
+            self._set("idle", "not started yet: starts on its first request")
+            return
+        self.idle_since = time.monotonic()  # an adopted engine's idle time starts now
         self.task = asyncio.get_running_loop().create_task(
             self._run(adopted), name=f"replica {self.want.key}"
         )
+
+    def wake(self) -> None:
+        """Start an on-demand engine for a request; the state is no longer `idle` on return,
+        so a caller waiting for `ready` does not mistake the old state for the outcome."""
+        self._set("pending")
+        self.idle_since = time.monotonic()
+        self.task = asyncio.get_running_loop().create_task(self._run(None), name=f"replica {self.want.key}")
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """True once it answers its health check; False when it fails first or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while self.state != "ready":
+            left = deadline - time.monotonic()
+            if self.state in ("failed", "backoff", "idle", "stopping", "stopped") or left <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+        return True
 
     def _set(self, state: str, message: str = "") -> None:
         if state != self.state or message != self.message:
@@ -227,13 +281,24 @@ class Runner:
                 state,
                 f": {message}" if message else "",
             )
+        if state == "ready" and self.state != "ready" and self._launched_at is not None:
+            self.load_s = round(time.monotonic() - self._launched_at, 3)
+            self._launched_at = None
+            self.idle_since = time.monotonic()  # with no request yet, idle time counts from ready
         self.state, self.message = state, message
+        self._changed.set()
 
     async def _run(self, adopted: Record | None) -> None:
         delay = BACKOFF_FIRST_S
         while True:
             ready_for = await self._attempt(adopted)
             adopted = None
+            if self.on_demand and not self.wanted:
+                # Retrying an engine nobody asks for would hold its memory for nothing; the
+                # next acquire starts it again, and the message says what went wrong.
+                self.process = None
+                self._set("idle", self.message)
+                return
             if ready_for >= BACKOFF_RESET_AFTER_S:
                 delay = BACKOFF_FIRST_S
             if self.state != "failed":  # a failure before the start stays "failed" while it waits
@@ -257,6 +322,7 @@ class Runner:
 
     async def _launch(self) -> EngineProcess | None:
         want = self.want
+        self._launched_at = time.monotonic()
         self._set("downloading")
         try:
             weights = await asyncio.to_thread(
@@ -286,6 +352,7 @@ class Runner:
         except OSError as exc:
             self._set("failed", f"{command.argv[0]} could not be started: {exc.strerror or exc}.")
             return None
+        self.starts += 1
         if process.started is not None:
             save_record(
                 self.settings.state_dir,
@@ -343,7 +410,17 @@ class Runner:
         return "loading"
 
     async def stop(self) -> None:
-        """Stop the engine: SIGTERM to its process group, SIGKILL after the grace period."""
+        """Stop the engine because the plan no longer has it (or the agent stops)."""
+        await self._halt()
+        self._set("stopped")
+
+    async def park(self, message: str) -> None:
+        """Stop an on-demand engine until it is asked for again."""
+        await self._halt()
+        self._set("idle", message)
+
+    async def _halt(self) -> None:
+        """SIGTERM to the engine's process group, SIGKILL after the grace period."""
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -357,7 +434,7 @@ class Runner:
                 process.signal(9)
                 await asyncio.to_thread(process.wait_gone, 10.0)
         drop_record(self.settings.state_dir, self.want.key)
-        self._set("stopped")
+        self.process = None
 
     def status(self) -> dict[str, Any]:
         want = self.want
@@ -369,14 +446,27 @@ class Runner:
             "port": want.port,
             "state": self.state,
             "pid": self.process.pid
-            if self.process is not None and self.state not in ("backoff", "failed")
+            if self.process is not None and self.state not in ("backoff", "failed", "idle", "stopped")
             else None,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
             "message": message or None,
             "log": str(self.log),
+            "start": "on-demand" if self.on_demand else "always",
+            # The agent sees an always-on replica's requests no more than the gateway tells it:
+            # unknown, which is not zero.
+            "in_flight": len(self.leases) if self.on_demand else None,
+            "last_used": _utc(self.last_used),
+            "starts": self.starts,
+            "evictions": self.evictions,
+            "idle_stops": self.idle_stops,
+            "load_s": self.load_s,
         }
+
+
+def _utc(when: float | None) -> str | None:
+    return None if when is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
 
 
 class Counters:

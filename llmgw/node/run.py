@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -14,7 +15,8 @@ from typing import Protocol
 import uvicorn
 
 from llmgw.errors import UsageError
-from llmgw.node.agent import Agent, NodeError, Settings, missing_node_message
+from llmgw.node.agent import Agent, NodeError, Settings, missing_node_message, wants_for
+from llmgw.node.demand import OnDemand
 from llmgw.node.process import load_records
 from llmgw.node.status import create_status_app
 from llmgw.plan import Plan
@@ -71,7 +73,12 @@ async def _main(settings: Settings, source: PlanSource, plan: Plan, sock: socket
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     await agent.apply(plan, adopt=load_records(settings.state_dir))
-    server = _QuietServer(uvicorn.Config(create_status_app(agent), log_level="warning", lifespan="off"))
+    token = os.environ.get("LLMGW_AGENT_TOKEN") or None
+    _warn_without_token(plan, settings.node, token)
+    demand = OnDemand(agent)
+    tending = loop.create_task(demand.tend())
+    app = create_status_app(agent, demand, token)
+    server = _QuietServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
     served = loop.create_task(server.serve(sockets=[sock]))
     host, port = sock.getsockname()[:2]
     log.info("node %s: status on http://%s:%d/status", settings.node, host, port)
@@ -87,12 +94,25 @@ async def _main(settings: Settings, source: PlanSource, plan: Plan, sock: socket
         await stopping.wait()
     finally:
         log.info("stopping: every engine of node %s", settings.node)
-        following.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await following
+        for task in (following, tending):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await agent.stop()
         server.should_exit = True
         await served
+
+
+def _warn_without_token(plan: Plan, node: str, token: str | None) -> None:
+    """Said once at the start, since without the token the gateway's acquires are refused
+    and the on-demand models of this node never start."""
+    if token or not any(w.profile.on_demand for w in wants_for(plan, node).values()):
+        return
+    log.warning(
+        "the plan has on-demand replicas on node %s and LLMGW_AGENT_TOKEN is not set: the gateway "
+        "cannot start them. Set it (the same token in the gateway's environment) and restart the agent.",
+        node,
+    )
 
 
 def _log_to_stderr() -> None:

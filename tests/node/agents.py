@@ -75,7 +75,7 @@ def chat_model(name: str, args: str = "[]", source: str = "weights.gguf", extra:
 class Fleet:
     """A catalogue folder and a one-node fleet on 127.0.0.1, planned with the real compiler."""
 
-    def __init__(self, root: Path, gpus: int = 0, others: bool = True) -> None:
+    def __init__(self, root: Path, gpus: int = 0, others: bool = True, memory_gb: float = 16) -> None:
         self.root = root
         self.catalog = root / "catalog"
         self.catalog.mkdir(parents=True, exist_ok=True)
@@ -85,7 +85,7 @@ class Fleet:
         self.fleet = root / "fleet.yaml"
         self.fleet.write_text(
             "nodes:\n"
-            f"  - name: {NODE}\n    address: 127.0.0.1\n    memory_gb: 16\n{gpu_line}"
+            f"  - name: {NODE}\n    address: 127.0.0.1\n    memory_gb: {memory_gb:g}\n{gpu_line}"
             "    engines: [llamacpp, vllm]\n"
             f"    ports: {{first: {first}, last: {first + 23}}}\n"
         )

@@ -1,0 +1,267 @@
+"""On-demand replicas through the real `llmgw node` and its HTTP control calls (docs/on-demand.md):
+started when acquired, one start for callers that come together, evicted by memory only when
+idle, stopped after their idle time, and a caller that leaves starts nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.node.agents import Agent, Fleet, alive, chat_model, stand_in_bin, wait_for
+
+TOKEN = "a-token-for-tests"
+
+
+def on_demand(name: str, gb: float = 0.5, idle: str = "60s") -> str:
+    return (
+        chat_model(name).replace("min_memory_gb: 0.1", f"min_memory_gb: {gb}")
+        + f"    start: on-demand\n    idle_stop: {idle}\n"
+    )
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Fleet:
+    # 0.8 GB, of which the always-on c takes 0.1: room for one 0.5 GB on-demand model at a time.
+    return Fleet(tmp_path / "fleet", others=False, memory_gb=0.8)
+
+
+@pytest.fixture
+def bin_dir(tmp_path: Path) -> Path:
+    return stand_in_bin(tmp_path / "bin", "llama-server", "vllm")
+
+
+@pytest.fixture
+def agents() -> Iterator[list[Agent]]:
+    started: list[Agent] = []
+    yield started
+    for agent in started:
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.stop()
+    for agent in started:
+        for start in agent.started():
+            if alive(start["pid"]):
+                os.kill(start["pid"], signal.SIGKILL)
+
+
+def endpoints(doc: dict[str, Any]) -> dict[str, str]:
+    return {m["name"]: m["profiles"][0]["replicas"][0]["endpoint"] for m in doc["models"]}
+
+
+def run(agents: list[Agent], fleet: Fleet, bin_dir: Path, **env: str) -> Agent:
+    agent = Agent(fleet, bin_dir, **{"LLMGW_AGENT_TOKEN": TOKEN, **env})
+    agents.append(agent)
+    return agent.start()
+
+
+def acquire(
+    agent: Agent, endpoint: str, token: str | None = TOKEN, wait_s: float = 20, **kw: Any
+) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    return httpx.post(
+        agent.status_url + "/acquire",
+        json={"endpoint": endpoint, "wait_s": wait_s},
+        headers=headers,
+        timeout=kw.get("timeout", wait_s + 10),
+    )
+
+
+def release(agent: Agent, lease: str) -> httpx.Response:
+    return httpx.post(
+        agent.status_url + "/release",
+        json={"lease": lease},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    )
+
+
+def pids_of(agent: Agent, endpoint: str) -> list[int]:
+    port = endpoint.rsplit(":", 1)[1]
+    return [s["pid"] for s in agent.started() if s["argv"][s["argv"].index("--port") + 1] == port]
+
+
+def plan_three(fleet: Fleet, idle: str = "60s") -> dict[str, str]:
+    return endpoints(
+        fleet.plan(
+            {
+                "a.yaml": on_demand("a", idle=idle),
+                "b.yaml": on_demand("b", idle=idle),
+                "c.yaml": chat_model("c"),
+            }
+        )
+    )
+
+
+def test_on_demand_replicas_wait_idle_while_the_always_on_one_starts_at_apply(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir)
+    agent.wait_state("c", "ready")
+    replicas = agent.replicas()
+    for name in ("a", "b"):
+        assert replicas[name]["state"] == "idle", f"{name} started before anyone asked for it"
+        assert replicas[name]["start"] == "on-demand" and replicas[name]["pid"] is None
+        assert "starts on its first request" in replicas[name]["message"]
+    assert replicas["c"]["start"] == "always"
+    assert [pids_of(agent, where[n]) for n in ("a", "b")] == [[], []], "no engine process for a or b"
+    status = agent.status()
+    assert status is not None
+    assert status["memory"]["total_gb"] == 0.8 and status["memory"]["always_on_gb"] == 0.1
+    assert status["memory"]["on_demand_gb"] == 0 and status["memory"]["available_gb"] > 0
+
+
+def test_an_acquire_starts_the_engine_and_leases_it_until_released(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir, STAND_IN_LOAD_S="0.5")
+    answer = acquire(agent, where["a"])
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["state"] == "ready" and body["started"] is True and body["lease"]
+    assert httpx.get(where["a"] + "/health", timeout=5).status_code == 200, "a lease was given before ready"
+    a = agent.replicas()["a"]
+    assert a["state"] == "ready" and a["in_flight"] == 1 and a["starts"] == 1
+    assert a["load_s"] >= 0.5 and a["last_used"] is None
+    assert release(agent, body["lease"]).status_code == 204
+    a = agent.replicas()["a"]
+    assert a["in_flight"] == 0 and a["last_used"] is not None and a["state"] == "ready"
+    again = acquire(agent, where["a"]).json()
+    assert again["started"] is False and agent.replicas()["a"]["starts"] == 1
+
+
+def test_acquiring_b_evicts_the_idle_a_when_both_do_not_fit(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir)
+    lease = acquire(agent, where["a"]).json()["lease"]
+    release(agent, lease)
+    [a_pid] = pids_of(agent, where["a"])
+    answer = acquire(agent, where["b"])
+    assert answer.status_code == 200, answer.text
+    assert not alive(a_pid), "a's engine still runs beside b, in more memory than the node has"
+    replicas = agent.replicas()
+    assert replicas["a"]["state"] == "idle" and replicas["a"]["evictions"] == 1
+    assert replicas["a"]["message"] == "evicted to make room for b"
+    assert replicas["b"]["state"] == "ready" and replicas["c"]["state"] == "ready"
+    status = agent.status()
+    assert status is not None and status["memory"]["on_demand_gb"] == 0.5
+    metrics = httpx.get(agent.status_url + "/metrics", timeout=5).text
+    assert (
+        f'llmgw_node_replica_evictions_total{{endpoint="{where["a"]}",model="a",profile="cpu"}} 1.0'
+        in metrics
+    )
+    assert (
+        f'llmgw_node_replica_state{{endpoint="{where["a"]}",model="a",profile="cpu",state="idle"}} 1.0'
+        in metrics
+    )
+
+
+def test_an_engine_with_a_request_in_flight_is_never_evicted(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir)
+    acquire(agent, where["a"])  # the lease is kept
+    [a_pid] = pids_of(agent, where["a"])
+    refused = acquire(agent, where["b"])
+    assert refused.status_code == 409, refused.text
+    message = refused.json()["message"]
+    assert "a/cpu" in message and "in flight" in message, message
+    assert alive(a_pid) and agent.replicas()["a"]["state"] == "ready"
+    assert agent.replicas()["b"]["state"] == "idle" and pids_of(agent, where["b"]) == [], "b started anyway"
+
+
+def test_twenty_acquires_together_share_one_start_and_all_get_leases(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir, STAND_IN_LOAD_S="1")
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda _: acquire(agent, where["a"]), range(20)))
+    assert [a.status_code for a in answers] == [200] * 20, [a.text for a in answers if a.status_code != 200]
+    assert len({a.json()["lease"] for a in answers}) == 20
+    assert len(pids_of(agent, where["a"])) == 1, "more than one engine was started for a"
+    a = agent.replicas()["a"]
+    assert a["starts"] == 1 and a["in_flight"] == 20
+
+
+def test_an_engine_without_requests_for_its_idle_time_is_stopped(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet, idle="2s")
+    agent = run(agents, fleet, bin_dir)
+    release(agent, acquire(agent, where["a"]).json()["lease"])
+    [pid] = pids_of(agent, where["a"])
+    a = agent.wait_state("a", "idle", timeout=10)
+    assert not alive(pid), "the idle engine's process is still there"
+    assert a["message"] == "stopped after 2 s without requests" and a["idle_stops"] == 1
+    assert a["pid"] is None and a["evictions"] == 0
+
+
+def test_control_calls_need_the_agents_token_and_status_stays_open(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir)
+    assert acquire(agent, where["a"], token="wrong").status_code == 401
+    assert acquire(agent, where["a"], token=None).status_code == 401
+    assert agent.replicas()["a"]["state"] == "idle", "a refused call started the engine"
+    unset = Agent(fleet, bin_dir, LLMGW_AGENT_TOKEN="")
+    unset.state_dir = fleet.root / "state2"
+    agents.append(unset)
+    unset.start()
+    refused = acquire(unset, where["a"])
+    assert refused.status_code == 403 and "set LLMGW_AGENT_TOKEN" in refused.json()["message"]
+    assert httpx.get(unset.status_url + "/status", timeout=5).status_code == 200
+    assert "LLMGW_AGENT_TOKEN is not set" in unset.log_text(), "no warning at the start"
+
+
+def test_a_bad_body_or_an_unknown_endpoint_is_a_sentence(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    bad = httpx.post(agent.status_url + "/acquire", content=b"{not json", headers=headers, timeout=5)
+    assert bad.status_code == 400 and "not JSON" in bad.json()["message"]
+    big = httpx.post(agent.status_url + "/acquire", content=b" " * 100_000, headers=headers, timeout=5)
+    assert big.status_code == 400 and "bytes" in big.json()["message"]
+    unknown = acquire(agent, "http://127.0.0.1:1")
+    assert unknown.status_code == 404 and "not a replica" in unknown.json()["message"]
+    always = acquire(agent, where["c"])
+    assert always.status_code == 404 and "always-on" in always.json()["message"]
+
+
+def test_a_caller_that_leaves_before_ready_starts_nothing(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir, STAND_IN_LOAD_S="30")
+    with pytest.raises(httpx.ReadTimeout):
+        acquire(agent, where["a"], wait_s=60, timeout=1.5)
+    [pid] = pids_of(agent, where["a"])
+    a = agent.wait_state("a", "idle", timeout=10)
+    wait_for(lambda: not alive(pid), 10, "the abandoned engine's process gone", agent)
+    assert "abandoned" in a["message"] and a["in_flight"] == 0
+
+
+def test_an_on_demand_engine_running_when_the_agent_restarts_is_adopted(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    first = run(agents, fleet, bin_dir)
+    acquire(first, where["a"])
+    [pid] = pids_of(first, where["a"])
+    first.stop(signal.SIGKILL)
+    again = run(agents, fleet, bin_dir)
+    a = again.wait_state("a", "ready")
+    assert a["pid"] == pid and a["starts"] == 0, "a second engine was started instead of adopting the first"
