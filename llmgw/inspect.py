@@ -15,6 +15,7 @@ from typing import Any
 from llmgw.errors import InspectError
 from llmgw.fetch import open_source
 from llmgw.header import Header, read_header
+from llmgw.nesting import too_deep_at, too_deep_sentence
 
 MODEL_SUFFIXES = (".yaml", ".yml")
 
@@ -75,7 +76,15 @@ def model_file_source(path: Path) -> str:
     from ruamel.yaml import YAML
 
     try:
-        data = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InspectError(f"cannot read {path} ({exc}); run `llmgw lint` to see why.") from None
+    deep = too_deep_at(text)
+    if deep is not None:
+        # Asked first: ruamel's C loader crashes the process on such a file (see nesting.py).
+        raise InspectError(f"{path}:{deep[0]}:{deep[1]}: {too_deep_sentence()}")
+    try:
+        data = YAML(typ="safe").load(text)
     except Exception as exc:  # ruamel's errors have no common base worth naming
         raise InspectError(f"cannot read {path} as YAML ({exc}); run `llmgw lint` to see where.") from None
     source = data.get("source") if isinstance(data, dict) else None

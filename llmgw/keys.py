@@ -23,6 +23,7 @@ from llmgw.atomic import replace_file
 from llmgw.errors import UsageError
 from llmgw.findings import Finding
 from llmgw.load import Document, load_document
+from llmgw.nesting import too_deep_at, too_deep_sentence
 from llmgw.rules import Entry
 from llmgw.validate import check_document
 
@@ -108,6 +109,39 @@ def _dates_as_text(data: Any) -> Any:
     return data
 
 
+def _text_of(path: Path) -> str:
+    """The keys file's text to edit, or a new file's; UsageError when it cannot be read."""
+    if not path.exists():
+        return MODELINE + "keys: []\n"
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"{path} is not UTF-8 (byte {exc.start}); save it as UTF-8 before adding a key."
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}.") from None
+
+
+def _editable(yaml: YAML, text: str, path: Path) -> Any:
+    """The file's round-trip document; UsageError for anything that keeps it from being edited."""
+    deep = too_deep_at(text)
+    if deep is not None:
+        line, column = deep
+        raise UsageError(f"{path}:{line}:{column}: {too_deep_sentence()}")
+    try:
+        return yaml.load(text)
+    except YAMLError as exc:
+        raise UsageError(
+            f"{path} is not valid YAML ({exc}); fix it (`llmgw lint` shows where) before adding a key."
+        ) from None
+    except (ValueError, TypeError, OverflowError, KeyError, IndexError, RecursionError) as exc:
+        raise UsageError(
+            f"{path} holds a value that cannot be read ({exc}); fix it (`llmgw lint` shows where) "
+            "before adding a key."
+        ) from None
+
+
 def add_key(
     path: Path,
     name: str,
@@ -120,13 +154,7 @@ def add_key(
     which is stored nowhere."""
     yaml = YAML()  # round-trip: a person's comments and layout survive
     yaml.indent(mapping=2, sequence=4, offset=2)
-    text = path.read_text(encoding="utf-8") if path.exists() else MODELINE + "keys: []\n"
-    try:
-        doc = yaml.load(text)
-    except YAMLError as exc:
-        raise UsageError(
-            f"{path} is not valid YAML ({exc}); fix it (`llmgw lint` shows where) before adding a key."
-        ) from None
+    doc = _editable(yaml, _text_of(path), path)
     if doc is None:
         doc = CommentedMap()
     keys = doc.get("keys") if isinstance(doc, dict) else None

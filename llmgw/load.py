@@ -25,6 +25,7 @@ from ruamel.yaml.resolver import VersionedResolver
 from ruamel.yaml.tag import Tag
 
 from llmgw.findings import Finding, Severity
+from llmgw.nesting import too_deep_at, too_deep_sentence
 
 YamlPath = tuple[str | int, ...]
 
@@ -245,6 +246,10 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
                 display, 1, 1, "yaml", "error", f"the file is not UTF-8 (byte {exc.start}); save it as UTF-8."
             )
         ]
+    deep = too_deep_at(text)
+    if deep is not None:
+        # Before any loader: the C composer would recurse through it and crash the process.
+        return None, [Finding(display, *deep, "yaml", "error", too_deep_sentence())]
     data = _plain_data(text)
     if data is not _NotPlain:
         # The plain path refuses any list or mapping met twice, so no alias is in it.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from llmgw import __version__
 from llmgw.errors import PlanError
@@ -374,6 +374,19 @@ def parse_plan(text: str | bytes, where: str = "the plan") -> Plan:
         raise PlanError(
             f"{where} holds a lone UTF-16 surrogate (an escape like \\ud800 without its pair), "
             "which is not text; write it with `llmgw plan`."
+        ) from None
+    except ValidationError as exc:
+        # The schema reads `1e308` as a whole number, and the typed plan cannot hold it:
+        # a deployed body like that escaped as a 500, and at a worker's start as a failed boot.
+        first = exc.errors()[0]
+        at = "/".join(str(p) for p in first["loc"]) or "(top level)"
+        raise PlanError(
+            f"{where} passes its schema but not the plan's types at {at}: {first['msg']}. "
+            "Write plans with `llmgw plan` rather than by hand."
+        ) from None
+    except RecursionError:
+        raise PlanError(
+            f"{where} nests arrays or objects deeper than any plan does; write it with `llmgw plan`."
         ) from None
 
 

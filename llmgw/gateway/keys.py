@@ -31,6 +31,7 @@ from ruamel.yaml.error import YAMLError
 
 from llmgw.atomic import file_signature, replace_file
 from llmgw.errors import UsageError
+from llmgw.nesting import too_deep_at, too_deep_sentence
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -67,14 +68,13 @@ ANONYMOUS = Tenant("anonymous")
 def read_digest_file(path: Path) -> dict[str, Tenant]:
     """LLMGW_API_KEYS_FILE: SHA-256 hex digests, one a line; blank lines and # comments skipped."""
     try:
-        lines = path.read_bytes().decode("utf-8").splitlines()
+        raw = path.read_bytes()
     except OSError as exc:
         raise UsageError(
             f"cannot read LLMGW_API_KEYS_FILE {path}: {exc.strerror or exc}. "
             "Point it at a file of SHA-256 digests of the keys, one a line."
         ) from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(_not_utf8(path, "LLMGW_API_KEYS_FILE", exc)) from None
+    lines = _utf8(raw, path, "LLMGW_API_KEYS_FILE").splitlines()
     digests = {}
     for number, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip().lower()
@@ -92,28 +92,13 @@ def read_digest_file(path: Path) -> dict[str, Tenant]:
 def read_keys_file(path: Path) -> dict[str, Tenant]:
     """LLMGW_KEYS_FILE (keys.yaml): digest → tenant; UsageError saying what to fix."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise UsageError(
             f"cannot read LLMGW_KEYS_FILE {path}: {exc.strerror or exc}. Point it at the "
             "keys.yaml kept in git beside the catalogue."
         ) from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(_not_utf8(path, "LLMGW_KEYS_FILE", exc)) from None
-    try:
-        doc = YAML(typ="safe").load(text)
-    except YAMLError as exc:
-        raise UsageError(
-            f"{path} (LLMGW_KEYS_FILE) is not valid YAML: {exc}. `llmgw lint` shows where."
-        ) from None
-    except (ValueError, TypeError, OverflowError, KeyError, IndexError, RecursionError) as exc:
-        # YAML types a scalar Python cannot build (`expires: 2027-02-29`, `!!int ""`): it
-        # escaped as a traceback, and a worker starting on it exited and took gunicorn down.
-        raise UsageError(
-            f"{path} (LLMGW_KEYS_FILE) holds a value that cannot be read ({type(exc).__name__}: "
-            f"{exc}); a date must be a real day (e.g. 2027-02-28), and text that looks like a "
-            "number or date must be quoted. `llmgw lint` shows where."
-        ) from None
+    doc = _yaml(_utf8(raw, path, "LLMGW_KEYS_FILE"), path)
     entries = doc.get("keys") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         raise UsageError(f"{path} (LLMGW_KEYS_FILE) has no `keys:` list; write `keys: []` for none.")
@@ -131,11 +116,37 @@ def read_keys_file(path: Path) -> dict[str, Tenant]:
     return tenants
 
 
-def _not_utf8(path: Path, variable: str, exc: UnicodeDecodeError) -> str:
-    return (
-        f"{path} ({variable}) is not UTF-8: byte {exc.start} is 0x{exc.object[exc.start]:02x}, "
-        "often a Latin-1 letter in a comment; save the file as UTF-8."
-    )
+def _utf8(raw: bytes, path: Path, setting: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A Latin-1 `é` in a comment once escaped as a traceback, and the worker that
+        # started next exited, taking the whole gateway with it.
+        raise UsageError(
+            f"{path} ({setting}) is not UTF-8: byte {exc.start} is {raw[exc.start]:#04x}. "
+            "Save the file as UTF-8."
+        ) from None
+
+
+def _yaml(text: str, path: Path) -> Any:
+    """keys.yaml's data; UsageError for anything YAML or Python cannot make of it."""
+    deep = too_deep_at(text)
+    if deep is not None:
+        line, column = deep
+        raise UsageError(f"{path}:{line}:{column} (LLMGW_KEYS_FILE): {too_deep_sentence()}")
+    try:
+        return YAML(typ="safe").load(text)
+    except YAMLError as exc:
+        raise UsageError(
+            f"{path} (LLMGW_KEYS_FILE) is not valid YAML: {exc}. `llmgw lint` shows where."
+        ) from None
+    except (ValueError, TypeError, OverflowError, KeyError, IndexError, RecursionError) as exc:
+        # A value YAML types but Python cannot build: `expires: 2027-02-29`, a `!!int ""`.
+        raise UsageError(
+            f"{path} (LLMGW_KEYS_FILE) holds a value YAML reads as a date or a number but that "
+            f"is not a valid one ({exc}), such as the day 2027-02-29; fix it, or quote it if it "
+            "is text. `llmgw lint --keys FILE` shows where."
+        ) from None
 
 
 def _entry(path: Path, number: int, entry: Any) -> tuple[Tenant, str]:
@@ -188,15 +199,12 @@ class Keys:
         self._signature = file_signature(path)
         self.refusal: str | None = None
         try:
-            self.tenants = self.read(path)
+            self.tenants = self._read_file()
         except UsageError as exc:
             # With no keys read well before, a bad file stops the gateway, as a bad plan does.
             if not self.last_good.is_file():
                 raise
-            try:
-                self.tenants = self.read(self.last_good)
-            except UsageError as bad:
-                raise UsageError(f"{exc} The last good copy {self.last_good} is bad too: {bad}") from None
+            self.tenants = self.read(self.last_good)
             self.refusal = _refusal(exc)
             log.error("refused the keys file at start: %s", self.refusal)
             return
@@ -208,23 +216,33 @@ class Keys:
             return
         self._signature = signature
         try:
-            self.tenants = self.read(self.path)
+            tenants = self._read_file()
         except UsageError as exc:
             self.refusal = _refusal(exc)
             log.error("refused the keys file: %s", self.refusal)
             return
-        except Exception as exc:
-            # A reader bug must still be a refusal /readyz shows, never old keys kept in silence.
-            log.exception("reading %s failed", self.path)
-            self.refusal = _refusal(
-                UsageError(
-                    f"the gateway failed reading {self.path} ({type(exc).__name__}); its log has the details."
-                )
-            )
-            return
+        self.tenants = tenants
         self.refusal = None
         self._keep_as_last_good()
         log.info("keys reloaded from %s: %d key(s)", self.path, len(self.tenants))
+
+    def _read_file(self) -> dict[str, Tenant]:
+        """The keys file's tenants; UsageError for whatever keeps it from being served.
+
+        The readers turn every mistake they know into a sentence; anything else is a bug,
+        but still a refusal: escaping, it left /readyz saying `loaded` in running workers
+        and stopped the next one from starting.
+        """
+        try:
+            return self.read(self.path)
+        except UsageError:
+            raise
+        except Exception as exc:
+            log.exception("reading the keys file %s failed", self.path)
+            raise UsageError(
+                f"the gateway failed reading {self.path} ({type(exc).__name__}); its log has "
+                "the details. `llmgw lint --keys` checks the file."
+            ) from None
 
     def _keep_as_last_good(self) -> None:
         try:

@@ -76,6 +76,23 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+def read_table(path: Path, created: int) -> RouteTable:
+    """The routes of the plan at `path`; PlanError for anything that keeps it from being served.
+
+    At a worker's start nothing else may escape: gunicorn stops the whole gateway when one
+    worker cannot load the app, although a last good plan was there to serve.
+    """
+    try:
+        return RouteTable.from_plan(read_plan(path), created=created)
+    except PlanError:
+        raise
+    except Exception as exc:
+        log.exception("reading the plan %s failed", path)
+        raise PlanError(
+            f"the gateway failed checking {path} ({type(exc).__name__}); its log has the details."
+        ) from None
+
+
 class PlanState:
     """What this worker serves now, and what became of the last attempt to change it."""
 
@@ -87,13 +104,13 @@ class PlanState:
         self._record_signature: Signature = None
         self.refusal: str | None = None
         try:
-            self.table = RouteTable.from_plan(read_plan(path), created=self._created())
+            self.table = read_table(path, created=self._created())
         except PlanError as exc:
             # A gateway without a plan would answer every request 404: with no last good
             # plan either, refuse to start.
             if not self.last_good.is_file():
                 raise
-            self.table = RouteTable.from_plan(read_plan(self.last_good), created=self._created())
+            self.table = read_table(self.last_good, created=self._created())
             self.refusal = f"{exc} Serving the last good plan {self.table.digest} instead."
             metrics.RELOADS.labels("refused").inc()
             log.error("refused the plan file at start: %s", self.refusal)
@@ -188,7 +205,17 @@ class PlanState:
             return self.table.digest
 
     def _check_deployed(self, text: bytes) -> RouteTable:
-        return self._table_for(parse_plan(text, where="the deployed plan"), created=int(time.time()))
+        try:
+            return self._table_for(parse_plan(text, where="the deployed plan"), created=int(time.time()))
+        except PlanError:
+            raise
+        except Exception as exc:
+            # A bug, but the deployer still hears no, and /readyz says why, as for any refusal.
+            log.exception("checking a deployed plan failed")
+            raise PlanError(
+                f"the gateway failed checking the deployed plan ({type(exc).__name__}); its log "
+                "has the details."
+            ) from None
 
     def _table_for(self, plan: Plan, created: int) -> RouteTable:
         return RouteTable.from_plan(

@@ -18,9 +18,7 @@ from llmgw.errors import PlanError, UsageError
 from llmgw.gateway.config import settings_from_env
 from llmgw.gateway.gunicorn_conf import MADE_METRICS_DIR
 from llmgw.gateway.keys import keys_from_settings
-from llmgw.gateway.reload import last_good_path
-from llmgw.gateway.routing import RouteTable
-from llmgw.plan import read_plan
+from llmgw.gateway.reload import last_good_path, read_table
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -95,14 +93,14 @@ def serve(plan: Path, bind: str, workers: int) -> None:
     # Refuse a bad plan here, in one sentence, not in every worker's traceback; routing it
     # is part of the check, since that is where a worker would fail next.
     try:
-        RouteTable.from_plan(read_plan(plan), created=0)
+        read_table(plan, created=0)
     except PlanError as exc:
         # A restart must not turn one bad file into an outage: the workers fall back to the
         # last plan they served, and /readyz and the dashboard say why.
         last_good = last_good_path(plan)
         if not last_good.is_file():
             raise
-        RouteTable.from_plan(read_plan(last_good), created=0)
+        read_table(last_good, created=0)
         print(
             f"llmgw: {exc} Serving the last good plan ({last_good}) until a good one replaces it.",
             file=sys.stderr,
