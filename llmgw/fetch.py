@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from llmgw.header import Stream
 FIRST_RANGE = 1 << 20
 LARGEST_RANGE = 16 << 20
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+# A header is a few MB: past this many seconds in all, the server is trickling, and lint or a
+# person at a terminal should hear so rather than wait. Each read also has httpx's 30 s timeout.
+DEFAULT_FETCH_DEADLINE = 60.0
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
@@ -113,13 +117,29 @@ class _Ranges:
         self.ranged = True
         self.response: httpx.Response | None = None
         self.chunks: Iterator[bytes] = iter(())
+        self.deadline = _fetch_deadline()
+        self.started = time.monotonic()
 
     def start(self) -> None:
         self._request()
 
     def read(self, n: int) -> bytes:
         while True:
-            chunk = next(self.chunks, b"")
+            if time.monotonic() - self.started > self.deadline:
+                raise InspectError(
+                    f"{self.where} sent {self.offset} bytes of its header in {self.deadline:g} s and "
+                    "was still sending: the server is too slow. Try again later, or raise "
+                    "LLMGW_FETCH_DEADLINE (seconds)."
+                )
+            try:
+                chunk = next(self.chunks, b"")
+            except httpx.HTTPError as exc:
+                # RemoteProtocolError, ReadError, ReadTimeout: the body stopped part way.
+                raise InspectError(
+                    f"{self.where} stopped sending {self.offset} bytes in ({type(exc).__name__}: "
+                    f"{exc}): the connection was cut short. Try again; if it keeps happening, check "
+                    "this machine's network or the server."
+                ) from None
             if chunk:
                 self.offset += len(chunk)
                 return chunk
@@ -170,6 +190,22 @@ class _Ranges:
             if match and match.group(3) != "*":
                 self.size = int(match.group(3))
         self.chunks = response.iter_raw()
+
+
+def _fetch_deadline() -> float:
+    text = os.environ.get("LLMGW_FETCH_DEADLINE", "")
+    if not text:
+        return DEFAULT_FETCH_DEADLINE
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise InspectError(
+            f"LLMGW_FETCH_DEADLINE is {text!r}; give the seconds a remote header may take, e.g. 60, "
+            "or unset it for the default."
+        )
+    return seconds
 
 
 def _refusal(status: int, where: str) -> str:

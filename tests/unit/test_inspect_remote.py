@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +31,8 @@ class Hub:
     size: int = VIRTUAL_SIZE
     ranges: bool = True
     status: int = 200  # anything else is answered instead of the file
+    cut_after: int | None = None  # hang up after this many body bytes, Content-Length unmet
+    delay: float = 0.0  # seconds before each chunk: a trickling server
     served: int = 0
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     url: str = ""
@@ -63,6 +66,9 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             try:
                 for at in range(start, end, CHUNK):
+                    if hub.cut_after is not None and at - start >= hub.cut_after:
+                        return  # HTTP/1.0: the connection closes short of Content-Length
+                    time.sleep(hub.delay)
                     block = hub.bytes_at(at, min(at + CHUNK, end))
                     self.wfile.write(block)
                     hub.served += len(block)
@@ -187,3 +193,24 @@ def test_cli_reads_hf_endpoint_from_the_environment(llmgw, hub, tmp_path):
     run = llmgw("inspect", "hf://org/repo/m.gguf", "--format", "json", HF_ENDPOINT=hub.url)
     assert run.code == 0, run
     assert '"kv_heads": 4' in run.stdout
+
+
+def test_a_body_cut_short_is_a_sentence_not_a_traceback(hub, tmp_path):
+    hub.prefix = _header_of(write_gguf(tmp_path / "m.gguf", vocab=20_000))
+    hub.cut_after = CHUNK
+    with pytest.raises(InspectError, match=r"stopped sending 65536 bytes in \(RemoteProtocolError.*cut short"):
+        inspect(f"{hub.url}/m.gguf")
+
+
+def test_a_trickling_server_meets_the_deadline(hub, tmp_path, monkeypatch):
+    hub.prefix = _header_of(write_gguf(tmp_path / "m.gguf", vocab=20_000))
+    hub.delay = 0.1
+    monkeypatch.setenv("LLMGW_FETCH_DEADLINE", "0.25")
+    with pytest.raises(InspectError, match=r"header in 0.25 s and was still sending.*LLMGW_FETCH_DEADLINE"):
+        inspect(f"{hub.url}/m.gguf")
+
+
+def test_a_deadline_that_is_not_seconds_is_named(monkeypatch):
+    monkeypatch.setenv("LLMGW_FETCH_DEADLINE", "soon")
+    with pytest.raises(InspectError, match="LLMGW_FETCH_DEADLINE is 'soon'"):
+        inspect("http://127.0.0.1:9/m.gguf")
