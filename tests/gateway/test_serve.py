@@ -63,7 +63,7 @@ BAD_SETTINGS = [
     ({"LLMGW_API_KEYS_FILE": "{tmp}/missing-keys.txt"}, "LLMGW_API_KEYS_FILE"),
     ({"LLMGW_API_KEYS_FILE": "{tmp}/keys.txt"}, "LLMGW_API_KEYS_FILE"),  # holds a key, not its digest
     ({"LLMGW_API_KEYS_FILE": "{tmp}/latin1.txt"}, "not UTF-8"),
-    ({"LLMGW_KEYS_FILE": "{tmp}/keys.yaml"}, "a date must be a real day"),
+    ({"LLMGW_KEYS_FILE": "{tmp}/keys.yaml"}, "is not a valid one"),
     ({"LLMGW_CHUNK_TIMEOUT": "5s"}, "LLMGW_CHUNK_TIMEOUT"),
     ({"LLMGW_HEALTH_FAILURES": "2.5"}, "LLMGW_HEALTH_FAILURES"),
     ({"LLMGW_FIRST_BYTE_TIMEOUT": "nan"}, "LLMGW_FIRST_BYTE_TIMEOUT"),
