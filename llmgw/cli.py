@@ -596,7 +596,18 @@ def node_status_command(agent_url: str) -> None:
             + " available"
         )
     rows: list[tuple[str, ...]] = [
-        ("MODEL", "PROFILE", "ENDPOINT", "START", "STATE", "PID", "IN FLIGHT", "STARTS", "RESTARTS", "MESSAGE")
+        (
+            "MODEL",
+            "PROFILE",
+            "ENDPOINT",
+            "START",
+            "STATE",
+            "PID",
+            "IN FLIGHT",
+            "STARTS",
+            "RESTARTS",
+            "MESSAGE",
+        )
     ]
     for r in doc["replicas"]:
         on_demand = r.get("start") == "on-demand"

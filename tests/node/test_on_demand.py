@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llmgw.node.demand import Engine, NoRoom, engines_to_stop
 from tests.node.agents import Agent, Fleet, alive, chat_model, stand_in_bin, wait_for
 
 TOKEN = "a-token-for-tests"
@@ -163,6 +166,15 @@ def test_acquiring_b_evicts_the_idle_a_when_both_do_not_fit(
         f'llmgw_node_replica_state{{endpoint="{where["a"]}",model="a",profile="cpu",state="idle"}} 1.0'
         in metrics
     )
+    table = subprocess.run(
+        [sys.executable, "-m", "llmgw", "node", "status", "--agent", agent.status_url],
+        env=agent.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert "0.1 GB always-on + 0.5 GB on demand of 0.8 GB" in table, table
+    assert "evicted to make room for b" in table and "on-demand" in table, table
 
 
 def test_an_engine_with_a_request_in_flight_is_never_evicted(
@@ -265,3 +277,62 @@ def test_an_on_demand_engine_running_when_the_agent_restarts_is_adopted(
     again = run(agents, fleet, bin_dir)
     a = again.wait_state("a", "ready")
     assert a["pid"] == pid and a["starts"] == 0, "a second engine was started instead of adopting the first"
+
+
+def test_an_acquire_not_ready_in_time_is_a_503_and_the_engine_keeps_loading(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir, STAND_IN_LOAD_S="30")
+    late = acquire(agent, where["a"], wait_s=1)
+    assert late.status_code == 503 and late.json()["state"] == "loading", late.text
+    assert agent.replicas()["a"]["in_flight"] == 0, "a lease was taken without an answer"
+    [pid] = pids_of(agent, where["a"])
+    assert alive(pid) and agent.replicas()["a"]["state"] == "loading", (
+        "the gateway's next ask would start over"
+    )
+
+
+def test_an_on_demand_engine_that_fails_with_nobody_waiting_goes_back_to_idle_with_why(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir, STAND_IN_EXIT="1")
+    failed = acquire(agent, where["a"])
+    assert failed.status_code == 503 and "exited at once" in failed.json()["message"], failed.text
+    a = agent.wait_state("a", "idle", timeout=10)
+    assert "exited at once" in a["message"] and a["starts"] == 1
+    wait_for(lambda: agent.replicas()["c"]["restarts"] >= 1, 10, "the always-on c's backoff", agent)
+    assert len(pids_of(agent, where["a"])) == 1, "an engine nobody asked for was restarted"
+
+
+def _engine(key: str, gb: float, age: float, busy: str = "", gpus: tuple[int, ...] = ()) -> Engine:
+    return Engine(key, f"{key}/cpu", gb, frozenset(gpus), busy, age)
+
+
+def test_making_room_stops_the_least_recently_used_and_only_as_many_as_needed() -> None:
+    running = [
+        _engine("old", 2, 1.0),
+        _engine("new", 2, 5.0),
+        _engine("older", 2, 0.5, busy="1 request(s) in flight"),
+    ]
+    chosen = engines_to_stop(_engine("x", 2, 9), capacity_gb=7, running=running, free_gb=100)
+    assert [e.key for e in chosen] == ["old"], "a leased or more recently used engine was stopped first"
+
+
+def test_making_room_counts_what_the_machine_really_has_free() -> None:
+    running = [_engine("a", 1, 1.0), _engine("b", 1, 2.0)]
+    chosen = engines_to_stop(_engine("x", 2, 9), capacity_gb=100, running=running, free_gb=0.5)
+    assert [e.key for e in chosen] == ["a", "b"], "the plan's figures fit, MemAvailable did not"
+    with pytest.raises(NoRoom, match="MemAvailable"):
+        engines_to_stop(_engine("x", 4, 9), capacity_gb=100, running=running, free_gb=0.5)
+
+
+def test_a_gpu_start_stops_the_engines_on_its_gpus_and_never_a_leased_one() -> None:
+    on_0 = _engine("on0", 0, 5.0, gpus=(0,))
+    on_1 = _engine("on1", 0, 1.0, gpus=(1,))
+    chosen = engines_to_stop(_engine("x", 0, 9, gpus=(0,)), capacity_gb=1, running=[on_0, on_1], free_gb=1)
+    assert chosen == [on_0]
+    leased = _engine("on0", 0, 5.0, busy="1 request(s) in flight", gpus=(0,))
+    with pytest.raises(NoRoom, match="on0/cpu"):
+        engines_to_stop(_engine("x", 0, 9, gpus=(0,)), capacity_gb=1, running=[leased], free_gb=1)
