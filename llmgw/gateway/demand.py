@@ -49,6 +49,13 @@ class Demand:
     async def lease(self, model: str, replica: Replica) -> str:
         """The lease id once the replica's engine is ready; ApiError when it cannot be had."""
         assert replica.agent is not None
+        started = time.monotonic()
+        # First without waiting: a running engine answers at once, and a request to it is
+        # not held, so warm traffic never counts against LLMGW_MAX_HELD. An idle one starts
+        # on this call (the agent keeps loading it), and the request then joins the wait.
+        lease, said, _ = await self._ask(model, replica, 0.0)
+        if lease is not None:
+            return lease
         held = self.held.get(model, 0)
         if held >= self.max_held:
             raise ApiError(
@@ -61,17 +68,14 @@ class Demand:
             )
         self.held[model] = held + 1
         metrics.labelled(metrics.HELD, model).inc()
-        started = time.monotonic()
         try:
-            return await self._lease(model, replica, started)
+            return await self._wait(model, replica, started, said)
         finally:
             self.held[model] -= 1
             metrics.labelled(metrics.HELD, model).dec()
             metrics.labelled(metrics.LOAD_WAIT, model).observe(time.monotonic() - started)
 
-    async def _lease(self, model: str, replica: Replica, started: float) -> str:
-        url = f"{replica.agent}/acquire"
-        said = "no answer yet"
+    async def _wait(self, model: str, replica: Replica, started: float, said: str) -> str:
         while True:
             left = self.load_timeout - (time.monotonic() - started)
             if left <= 0:
@@ -84,41 +88,52 @@ class Demand:
                     headers={"Retry-After": str(max(1, math.ceil(self.load_timeout / 4)))},
                 )
             wait = min(left, ASK_EVERY_S)
-            try:
-                answer = await self.client.post(
-                    url, json={"endpoint": replica.endpoint, "wait_s": wait}, headers=self._headers()
-                )
-            except httpx.HTTPError as exc:
-                raise ApiError(
-                    502,
-                    f"{model} starts on demand, and its node's agent at {replica.agent} cannot be "
-                    f"reached ({type(exc).__name__}); start `llmgw node` there, bound where the "
-                    "gateway reaches it (--status-bind).",
-                    type="upstream_error",
-                    code="agent_unreachable",
-                ) from None
-            body = _json(answer)
-            if answer.status_code == 200 and isinstance(body.get("lease"), str):
-                return str(body["lease"])
-            said = str(body.get("message") or body.get("state") or f"HTTP {answer.status_code}")
-            if answer.status_code in (401, 403):
-                raise ApiError(
-                    502,
-                    f"the agent at {replica.agent} refused to start {model} ({said}); give the "
-                    "gateway and every agent the same LLMGW_AGENT_TOKEN.",
-                    type="upstream_error",
-                    code="agent_refused",
-                )
-            if answer.status_code == 409:  # no room until a busy engine finishes
-                await asyncio.sleep(min(BUSY_RETRY_S, max(0.0, left - wait)) or BUSY_RETRY_S)
-            elif answer.status_code not in (503,):
-                raise ApiError(
-                    502,
-                    f"the agent at {replica.agent} answered {answer.status_code} when asked to start "
-                    f"{model}: {said}",
-                    type="upstream_error",
-                    code="agent_refused",
-                )
+            lease, said, no_room = await self._ask(model, replica, wait)
+            if lease is not None:
+                return lease
+            if no_room:  # answered at once: wait for a busy engine to finish before asking again
+                await asyncio.sleep(min(BUSY_RETRY_S, max(left - wait, 0.0)) or BUSY_RETRY_S)
+
+    async def _ask(self, model: str, replica: Replica, wait: float) -> tuple[str | None, str, bool]:
+        """One acquire: the lease when ready; else None, what the agent said, and whether it
+        said there is no room yet (409) rather than still loading (503). ApiError when asking
+        again cannot help."""
+        try:
+            answer = await self.client.post(
+                f"{replica.agent}/acquire",
+                json={"endpoint": replica.endpoint, "wait_s": wait},
+                headers=self._headers(),
+            )
+        except httpx.HTTPError as exc:
+            raise ApiError(
+                502,
+                f"{model} starts on demand, and its node's agent at {replica.agent} cannot be "
+                f"reached ({type(exc).__name__}); start `llmgw node` there, bound where the "
+                "gateway reaches it (--status-bind).",
+                type="upstream_error",
+                code="agent_unreachable",
+            ) from None
+        body = _json(answer)
+        if answer.status_code == 200 and isinstance(body.get("lease"), str):
+            return str(body["lease"]), "", False
+        said = str(body.get("message") or body.get("state") or f"HTTP {answer.status_code}")
+        if answer.status_code in (503, 409):
+            return None, said, answer.status_code == 409
+        if answer.status_code in (401, 403):
+            raise ApiError(
+                502,
+                f"the agent at {replica.agent} refused to start {model} ({said}); give the "
+                "gateway and every agent the same LLMGW_AGENT_TOKEN.",
+                type="upstream_error",
+                code="agent_refused",
+            )
+        raise ApiError(
+            502,
+            f"the agent at {replica.agent} answered {answer.status_code} when asked to start "
+            f"{model}: {said}",
+            type="upstream_error",
+            code="agent_refused",
+        )
 
     def release(self, replica: Replica, lease: str) -> None:
         """Give the lease back without making the answer wait for it."""

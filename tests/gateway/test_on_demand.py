@@ -111,3 +111,16 @@ def test_a_wrong_agent_token_is_a_sentence_saying_what_to_set(tmp_path: Path, ag
         assert answer.status_code == 502
         assert "LLMGW_AGENT_TOKEN" in answer.json()["error"]["message"]
         assert agent.starts == 0
+
+
+def test_requests_to_a_running_on_demand_engine_are_not_held_so_not_bounded(
+    tmp_path: Path, agent: StandInAgent
+) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, on_demand_plan(agent, free_port()))
+    with gateway(path, LLMGW_AGENT_TOKEN=TOKEN, LLMGW_MAX_HELD="1") as gw:
+        assert chat(gw.url).status_code == 200  # started, and now running
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            answers = list(pool.map(lambda i: chat(gw.url), range(10)))
+        failed = [a.text for a in answers if a.status_code != 200]
+        assert not failed, f"warm requests were counted against LLMGW_MAX_HELD: {failed[:2]}"
