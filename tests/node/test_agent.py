@@ -6,38 +6,19 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.gateway.harness import ROOT
-from tests.node.agents import Agent, Fleet, alive, chat_model, stand_in_bin, wait_for
+from tests.node.agents import Agent, Fleet, alive, chat_model, wait_for
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Fleet:
     return Fleet(tmp_path / "fleet")
 
-
-@pytest.fixture
-def bin_dir(tmp_path: Path) -> Path:
-    return stand_in_bin(tmp_path / "bin", "llama-server", "vllm")
-
-
-@pytest.fixture
-def agents() -> Iterator[list[Agent]]:
-    started: list[Agent] = []
-    yield started
-    for agent in started:
-        if agent.proc is not None and agent.proc.poll() is None:
-            agent.stop()
-    # Whatever a test left running (an agent killed with -9 leaves its engines) goes too.
-    for agent in started:
-        for start in agent.started():
-            if alive(start["pid"]):
-                os.kill(start["pid"], signal.SIGKILL)
 
 
 def run_agent(agents: list[Agent], fleet: Fleet, bin_dir: Path, **env: str) -> Agent:

@@ -4,11 +4,9 @@ idle, stopped after their idle time, and a caller that leaves starts nothing."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ import httpx
 import pytest
 
 from llmgw.node.demand import Engine, NoRoom, engines_to_stop
-from tests.node.agents import Agent, Fleet, alive, chat_model, stand_in_bin, wait_for
+from tests.node.agents import Agent, Fleet, alive, chat_model, wait_for
 
 TOKEN = "a-token-for-tests"
 
@@ -34,23 +32,6 @@ def fleet(tmp_path: Path) -> Fleet:
     # 0.8 GB, of which the always-on c takes 0.1: room for one 0.5 GB on-demand model at a time.
     return Fleet(tmp_path / "fleet", others=False, memory_gb=0.8)
 
-
-@pytest.fixture
-def bin_dir(tmp_path: Path) -> Path:
-    return stand_in_bin(tmp_path / "bin", "llama-server", "vllm")
-
-
-@pytest.fixture
-def agents() -> Iterator[list[Agent]]:
-    started: list[Agent] = []
-    yield started
-    for agent in started:
-        if agent.proc is not None and agent.proc.poll() is None:
-            agent.stop()
-    for agent in started:
-        for start in agent.started():
-            if alive(start["pid"]):
-                os.kill(start["pid"], signal.SIGKILL)
 
 
 def endpoints(doc: dict[str, Any]) -> dict[str, str]:

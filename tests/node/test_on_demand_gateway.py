@@ -21,7 +21,8 @@ def test_two_models_that_do_not_fit_together_answer_in_turn_one_loaded_at_a_time
     fleet = Fleet(tmp_path / "fleet", others=False, memory_gb=0.8)
     agent = Agent(fleet, stand_in_bin(tmp_path / "bin", "llama-server"), LLMGW_AGENT_TOKEN=TOKEN)
     port = agent.status_url.rsplit(":", 1)[1]
-    fleet.fleet.write_text(fleet.fleet.read_text().replace("    engines:", f"    agent_port: {port}\n    engines:"))
+    text = fleet.fleet.read_text()
+    fleet.fleet.write_text(text.replace("    engines:", f"    agent_port: {port}\n    engines:"))
     fleet.plan({"a.yaml": on_demand("a"), "b.yaml": on_demand("b")})
     agent.start()
     try:
