@@ -11,11 +11,9 @@ which stops every engine. Nothing is left running.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,9 +24,10 @@ import click
 from llmgw.atomic import replace_file
 from llmgw.errors import PlanError, UsageError
 from llmgw.inventory import entry_yaml, take_inventory
+from llmgw.lifetime import die_with_parent
 from llmgw.lint import lint
 from llmgw.model import DEFAULT_AGENT_PORT
-from llmgw.node.agent import executable_for
+from llmgw.node.agent import executable_for, port_is_free
 from llmgw.plan import build_plan, dump_plan, read_plan
 from llmgw.report import REPORTERS
 
@@ -90,26 +89,11 @@ def _check_free(address: str, flag: str) -> None:
     host = host.strip("[]") or "127.0.0.1"
     if not port.isdigit():
         raise UsageError(f"{flag} {address!r} is not HOST:PORT; e.g. {flag} 127.0.0.1:8080.")
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, int(port)))
-        except OSError as exc:
-            raise UsageError(
-                f"{host}:{port} is taken ({exc.strerror or exc}), so nothing was started; stop what "
-                f"holds it, or pass {flag} HOST:PORT with a free port."
-            ) from None
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel sends it SIGTERM when `up` dies, however it dies.
-    Closing the terminal or killing `up` once left the agent, gunicorn and the engine
-    running, holding every port the next `up` needed."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-_PR_SET_PDEATHSIG = 1
+    if not port_is_free(host, int(port)):
+        raise UsageError(
+            f"{host}:{port} is taken, so nothing was started; stop what holds it, or pass "
+            f"{flag} HOST:PORT with a free port."
+        )
 
 
 def _this_machine(agent_port: int) -> dict[str, object]:
@@ -120,6 +104,10 @@ def _this_machine(agent_port: int) -> dict[str, object]:
     # lives in the package, not on PATH.
     entry["engines"] = sorted(e for e in ("llamacpp", "vllm") if executable_for(e)[0])
     return entry
+
+
+def _children_die_with_up() -> None:
+    die_with_parent(signal.SIGTERM)  # the agent then stops its engines, as on Ctrl-C
 
 
 def _indent(text: str) -> str:
@@ -156,8 +144,10 @@ def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, 
     env.setdefault("LLMGW_AGENT_TOKEN", secrets.token_urlsafe(24))
     pid_file = _pid_file(state_dir)
     replace_file(pid_file, f"{os.getpid()}\n".encode())
-    agent = subprocess.Popen(agent_cmd, start_new_session=True, env=env, preexec_fn=_die_with_parent)
-    gateway = subprocess.Popen(gateway_cmd, start_new_session=True, env=env, preexec_fn=_die_with_parent)
+    # Closing the terminal or killing `up` once left the agent, gunicorn and the engine
+    # running, holding every port the next `up` needed.
+    agent = subprocess.Popen(agent_cmd, start_new_session=True, env=env, preexec_fn=_children_die_with_up)
+    gateway = subprocess.Popen(gateway_cmd, start_new_session=True, env=env, preexec_fn=_children_die_with_up)
     models = plan["models"]
     assert isinstance(models, list)
     names = ", ".join(m["name"] for m in models)

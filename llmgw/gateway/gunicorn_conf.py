@@ -49,16 +49,12 @@ def on_exit(server: Any) -> None:
 control_socket_disable = True
 
 
-_PR_SET_PDEATHSIG = 1
-
-
 def post_fork(server: Any, worker: Any) -> None:
     # A master killed with SIGKILL (the OOM killer, `kill -9`, a container's hard stop) left
     # both workers answering on the port with parent 1, unsupervised, and every restart of
     # the service failed on "Connection in use": the kernel now ends a worker with its master.
-    import ctypes
     import signal
 
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != server.pid:  # the master went before the line above took effect
-        os._exit(1)
+    from llmgw.lifetime import die_with_parent
+
+    die_with_parent(signal.SIGKILL, parent=server.pid)
