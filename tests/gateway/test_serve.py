@@ -77,7 +77,8 @@ def test_llmgw_serve_refuses_a_bad_setting_in_one_sentence_before_starting(
 ) -> None:
     (tmp_path / "keys.txt").write_text("sk-the-key-itself\n")
     (tmp_path / "latin1.txt").write_bytes("# caf\u00e9\n".encode("latin-1"))
-    (tmp_path / "keys.yaml").write_text("keys:\n  - name: a\n    sha256: " + "0" * 64 + "\n    expires: 2027-02-29\n")
+    impossible = "keys:\n  - name: a\n    sha256: " + "0" * 64 + "\n    expires: 2027-02-29\n"
+    (tmp_path / "keys.yaml").write_text(impossible)
     path = tmp_path / "plan.json"
     write_plan(path, plan([model("chat", [profile(["http://127.0.0.1:9"], "chat")])]))
     env = subprocess_env(**{k: v.format(tmp=tmp_path) for k, v in setting.items()})
@@ -110,12 +111,9 @@ def test_a_gateway_started_by_gunicorn_itself_says_what_is_wrong_without_a_trace
     assert "cannot read LLMGW_API_KEYS_FILE" in done.stderr
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="passes alone and in its file; in the full CI run of 2026-12-02 the port was still "
-    "held after the workers had gone (EADDRINUSE), cause not yet found: see the stop note",
-)
-def test_workers_die_with_a_master_killed_outright_and_free_the_port(tmp_path: Path, engine_a: Engine) -> None:
+def test_workers_die_with_a_master_killed_outright_and_free_the_port(
+    tmp_path: Path, engine_a: Engine
+) -> None:
     with gateway(plan_file(tmp_path, engine_a), workers=2) as gw:
         workers = gw.worker_pids()
         assert len(workers) == 2
@@ -127,9 +125,17 @@ def test_workers_die_with_a_master_killed_outright_and_free_the_port(tmp_path: P
 
         wait_until(gone, 10, "the workers to die with their master")
         host, port = gw.url.removeprefix("http://").split(":")
-        with socket.socket() as probe:  # a restarted service can listen there at once
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, int(port)))
+        wait_until(lambda: _bindable(host, int(port)), 10, "the port free for a restarted service")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _not_zombie(pid: int) -> bool:

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.gateway.harness import ROOT, free_port, wait_until
 from tests.node.agents import chat_model, stand_in_bin
@@ -61,11 +60,6 @@ def test_up_with_its_port_taken_says_which_and_starts_and_writes_nothing(tmp_pat
     assert not (tmp_path / "bin" / "starts.jsonl").exists(), "no engine was started"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="passes alone; in the full CI run of 2026-12-02 one of the agent, the gateway and the "
-    "engine was still alive after 45 s, cause not yet found: see the stop note",
-)
 def test_nothing_up_started_outlives_it_when_it_is_killed(tmp_path: Path) -> None:
     status = f"127.0.0.1:{free_port()}"
     proc = _up(tmp_path, f"127.0.0.1:{free_port()}", status)
@@ -86,7 +80,9 @@ def test_nothing_up_started_outlives_it_when_it_is_killed(tmp_path: Path) -> Non
         # terminal, the OOM killer and `kill -9` all left them running before).
         proc.kill()
         proc.wait(10)
-        wait_until(lambda: not any(_alive(p) for p in (*children, engine_pid)), 45,
+        # The agent gives its engine the grace period it gives on Ctrl-C; on a loaded machine
+        # gunicorn's master takes a while to stop its workers.
+        wait_until(lambda: not any(_alive(p) for p in (*children, engine_pid)), 90,
                    "the agent, the gateway and the engine to be gone")
     finally:
         if proc.poll() is None:
