@@ -454,7 +454,7 @@ def _kubernetes_inventory(source: str, fmt: str) -> None:
 @click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
 def serve_command(plan_path: Path, bind: str, workers: int) -> None:
     """Serve the plan's models behind one OpenAI-compatible endpoint (gunicorn + uvicorn)."""
-    from llmgw.gateway.serve import serve
+    from llmgw.gateway.server.serve import serve
 
     serve(plan_path, bind, workers)
 

@@ -1,18 +1,24 @@
 """The gateway: serves a plan as one OpenAI-compatible endpoint. It reads only the plan.
 
-config      settings from the environment
-routing     route tables built once per plan: names, aliases, tiers, replicas
-reload      the served plan, file watching, deploys
-health      background health checks of replicas
-proxy       the /v1 endpoints that go upstream
-resources   listing, liveness, readiness, metrics, admin
-access      request ids, API keys, access log
-serve       `llmgw serve`: gunicorn with uvicorn workers
-deploy      `llmgw deploy`: POST a plan to a gateway
+Its folders draw a request's path, from the socket to the engine and back:
+
+server/     the process: `llmgw serve` (gunicorn), the worker's connection limits, settings
+            from the environment, the app factory and the ASGI entry gunicorn loads
+request/    one request's path: access (request ids, keys, access log), reading and checking
+            the body, routing (names, aliases, tiers, replicas), on-demand starts, the retry
+            loop, the relay of answers, the upstream connection pool, limits, usage
+state/      what changes under the requests: the served plan and its reloads, DNS discovery,
+            health checks, keys, outlier ejection, rates, metrics
+pages/      what people read: listing, readiness and admin resources, the dashboard, OpenAPI
+errors      the OpenAI-shaped error every layer raises; beneath all of them
+deploy      `llmgw deploy`: the client that POSTs a plan to a gateway
+
+Arrows run server → pages → request → state → errors; state never imports request's retry
+loop or relay, and nothing here imports the compiler (load, rules, place, build).
 """
 
 from __future__ import annotations
 
-from llmgw.gateway.app import create_app
+from llmgw.gateway.server.app import create_app
 
 __all__ = ["create_app"]

@@ -6,7 +6,7 @@ import falcon.asgi
 import falcon.testing
 import pytest
 
-from llmgw.gateway.dashboard import (
+from llmgw.gateway.pages.dashboard import (
     DashboardSnapshot,
     add_dashboard_routes,
     context_label,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmgw.gateway.dashboard import DashboardSnapshot, render_key_page, render_page
-from llmgw.gateway.rates import Figures, ModelFigures
+from llmgw.gateway.pages.dashboard import DashboardSnapshot, render_key_page, render_page
+from llmgw.gateway.state.rates import Figures, ModelFigures
 from llmgw.plan import Plan
 from tests.dashboard.html_tree import Node, parse
 from tests.dashboard.plans import make_plan, sample_models

@@ -28,7 +28,7 @@ FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from llmgw.gateway.serve import gunicorn_argv, serve_environment  # noqa: E402
+from llmgw.gateway.server.serve import gunicorn_argv, serve_environment  # noqa: E402
 from llmgw.plan import Plan, PlanModel, PlanProfile, PlanReplica, dump_plan  # noqa: E402
 from tests.plans import plan_of  # noqa: E402
 

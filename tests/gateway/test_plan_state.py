@@ -10,8 +10,8 @@ import pytest
 from harness import model, plan, profile, write_plan
 
 from llmgw.errors import PlanError
-from llmgw.gateway import reload
-from llmgw.gateway.reload import PlanState
+from llmgw.gateway.state import reload
+from llmgw.gateway.state.reload import PlanState
 from llmgw.plan import Plan, dump_plan
 
 

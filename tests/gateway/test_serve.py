@@ -25,7 +25,7 @@ from harness import (
     write_plan,
 )
 
-from llmgw.gateway.serve import gunicorn_argv, serve_environment
+from llmgw.gateway.server.serve import gunicorn_argv, serve_environment
 
 
 def plan_file(where: Path, engine: Engine) -> Path:

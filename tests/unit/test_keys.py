@@ -6,7 +6,7 @@ import datetime as dt
 import hashlib
 from pathlib import Path
 
-from llmgw.gateway.keys import read_keys_file
+from llmgw.gateway.state.keys import read_keys_file
 from llmgw.keys import add_key, lint_keys
 from llmgw.lint import lint
 from tests.conftest import write_catalog
@@ -98,7 +98,7 @@ def test_keys_add_refuses_a_name_in_use(tmp_path: Path) -> None:
 
 def test_llmgw_serve_refuses_a_bad_keys_file_in_one_sentence(tmp_path: Path) -> None:
     from llmgw.errors import UsageError
-    from llmgw.gateway.serve import check_environment
+    from llmgw.gateway.server.serve import check_environment
 
     keys = tmp_path / "keys.yaml"
     keys.write_text("keys:\n  - name: a\n    sha256: nope\n")
@@ -112,7 +112,7 @@ def test_llmgw_serve_refuses_a_bad_keys_file_in_one_sentence(tmp_path: Path) -> 
 
 def test_both_kinds_of_keys_file_at_once_are_refused(tmp_path: Path) -> None:
     from llmgw.errors import UsageError
-    from llmgw.gateway.keys import keys_from_settings
+    from llmgw.gateway.state.keys import keys_from_settings
 
     try:
         keys_from_settings(tmp_path / "keys.yaml", tmp_path / "keys.txt")

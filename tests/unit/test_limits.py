@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.keys import Tenant
-from llmgw.gateway.limits import Limiter, duration
+from llmgw.gateway.request.limits import Limiter, duration
+from llmgw.gateway.state.keys import Tenant
 
 
 def test_reset_durations_are_written_as_openai_writes_them() -> None:

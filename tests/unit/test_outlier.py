@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.gateway import outlier
-from llmgw.gateway.config import settings_from_env
-from llmgw.gateway.outlier import Outliers, RetryBudget
-from llmgw.gateway.routing import Model, Profile, Replica
+from llmgw.gateway.request.routing import Model, Profile, Replica
+from llmgw.gateway.server.config import settings_from_env
+from llmgw.gateway.state import outlier
+from llmgw.gateway.state.outlier import Outliers, RetryBudget
 
 
 class Clock:
@@ -23,8 +23,8 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr("llmgw.gateway.outlier.time.monotonic", fake)
-    monkeypatch.setattr("llmgw.gateway.routing.time.monotonic", fake)
+    monkeypatch.setattr("llmgw.gateway.state.outlier.time.monotonic", fake)
+    monkeypatch.setattr("llmgw.gateway.request.routing.time.monotonic", fake)
     return fake
 
 

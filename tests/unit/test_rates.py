@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.gateway.rates import SAMPLE_EVERY, WINDOW, Samples, Totals, median, model_figures
+from llmgw.gateway.state.rates import SAMPLE_EVERY, WINDOW, Samples, Totals, median, model_figures
 
 INF = math.inf
 
@@ -89,6 +89,7 @@ def test_a_worker_finds_a_fresh_reading_from_the_files_age_without_reading_the_m
 
 
 def test_gunicorn_empties_the_readings_with_the_metrics_they_were_taken_from() -> None:
-    from llmgw.gateway import gunicorn_conf, rates
+    from llmgw.gateway.server import gunicorn_conf
+    from llmgw.gateway.state import rates
 
     assert gunicorn_conf.USAGE_READINGS == rates.FILE_NAME

@@ -28,9 +28,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from llmgw.errors import PlanError
-from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.upstream import Target
+from llmgw.gateway.request.upstream import Target
+from llmgw.gateway.state import metrics
 from llmgw.plan import Plan, PlanModel, PlanProfile
 
 # Which endpoint a model of each task may be sent to. A chat model also completes raw

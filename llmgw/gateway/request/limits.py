@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.keys import Tenant
+from llmgw.gateway.state import metrics
+from llmgw.gateway.state.keys import Tenant
 
 log = logging.getLogger("llmgw.gateway")
 

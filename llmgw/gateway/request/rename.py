@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from llmgw.gateway.usage import Meter
+from llmgw.gateway.request.usage import Meter
 
 _LOOK_AHEAD = 1 << 20
 _SPACE = re.compile(r"[ \t\n\r]*")

@@ -34,18 +34,25 @@ import falcon
 import falcon.asgi
 import httpx
 
-from llmgw.gateway import metrics
-from llmgw.gateway.access import Access, check_model
-from llmgw.gateway.config import Settings
-from llmgw.gateway.demand import Demand
 from llmgw.gateway.errors import ApiError, error_body
-from llmgw.gateway.health import Health
-from llmgw.gateway.limits import Limiter
-from llmgw.gateway.outlier import Outliers, RetryBudget
-from llmgw.gateway.rename import EventRename, JsonRename, renamed
-from llmgw.gateway.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, InFlight, Model, Replica, prefix_key
-from llmgw.gateway.upstream import Reply, Upstream
-from llmgw.gateway.usage import Meter, prompt_estimate
+from llmgw.gateway.request.access import Access, check_model
+from llmgw.gateway.request.demand import Demand
+from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
+from llmgw.gateway.request.routing import (
+    ENDPOINTS_FOR_TASK,
+    UPSTREAM_PATHS,
+    InFlight,
+    Model,
+    Replica,
+    prefix_key,
+)
+from llmgw.gateway.request.upstream import Reply, Upstream
+from llmgw.gateway.request.usage import Meter, prompt_estimate
+from llmgw.gateway.server.config import Settings
+from llmgw.gateway.state import metrics
+from llmgw.gateway.state.health import Health
+from llmgw.gateway.state.outlier import Outliers, RetryBudget
 
 log = logging.getLogger("llmgw.gateway")
 

@@ -13,15 +13,15 @@ import falcon
 import falcon.asgi
 
 from llmgw.errors import PlanError
-from llmgw.gateway import metrics
-from llmgw.gateway.access import bearer_token, check_model, usable_models
-from llmgw.gateway.dashboard import render_key_page, render_keys_page, set_page_headers
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.keys import Keys, Tenant
-from llmgw.gateway.limits import Limiter
-from llmgw.gateway.proxy import read_body
-from llmgw.gateway.reload import PlanState, PlanWriteError
-from llmgw.gateway.routing import DnsGroup
+from llmgw.gateway.pages.dashboard import render_key_page, render_keys_page, set_page_headers
+from llmgw.gateway.request.access import bearer_token, check_model, usable_models
+from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.proxy import read_body
+from llmgw.gateway.request.routing import DnsGroup
+from llmgw.gateway.state import metrics
+from llmgw.gateway.state.keys import Keys, Tenant
+from llmgw.gateway.state.reload import PlanState, PlanWriteError
 from llmgw.plan import dump_plan
 
 

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.errors import PlanError, UsageError
-from llmgw.gateway.config import settings_from_env
-from llmgw.gateway.gunicorn_conf import MADE_METRICS_DIR
-from llmgw.gateway.keys import keys_from_settings
-from llmgw.gateway.reload import last_good_path, read_table
+from llmgw.gateway.server.config import settings_from_env
+from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
+from llmgw.gateway.state.keys import keys_from_settings
+from llmgw.gateway.state.reload import last_good_path, read_table
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def gunicorn_argv(bind: str, workers: int) -> list[str]:
@@ -28,17 +28,17 @@ def gunicorn_argv(bind: str, workers: int) -> list[str]:
         sys.executable,
         "-m",
         "gunicorn",
-        "llmgw.gateway.asgi:app",
+        "llmgw.gateway.server.asgi:app",
         "--worker-class",
         # uvicorn's worker, with limits on header size and count, header and body read
         # timeouts, and a cap on connections (see gateway/worker.py).
-        "llmgw.gateway.worker.Worker",
+        "llmgw.gateway.server.worker.Worker",
         "--workers",
         str(workers),
         "--bind",
         bind,
         "--config",
-        "python:llmgw.gateway.gunicorn_conf",
+        "python:llmgw.gateway.server.gunicorn_conf",
         # Long generations are the normal case: a worker restarting for a deploy or a
         # signal gets as long as a generous answer takes before it is killed.
         "--graceful-timeout",

@@ -29,7 +29,7 @@ import falcon
 import falcon.asgi
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from llmgw.gateway.rates import Figures, ModelFigures
+from llmgw.gateway.state.rates import Figures, ModelFigures
 from llmgw.plan import Plan, PlanModel
 
 __all__ = [

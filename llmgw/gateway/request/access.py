@@ -19,11 +19,11 @@ from typing import Any
 
 import falcon.asgi
 
-from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.keys import Keys, Tenant
-from llmgw.gateway.reload import PlanState
-from llmgw.gateway.routing import Model, RouteTable
+from llmgw.gateway.request.routing import Model, RouteTable
+from llmgw.gateway.state import metrics
+from llmgw.gateway.state.keys import Keys, Tenant
+from llmgw.gateway.state.reload import PlanState
 
 DIGEST_HEADER = "X-Llmgw-Plan-Digest"
 access_log = logging.getLogger("llmgw.access")

@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from llmgw.gateway import metrics
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.routing import Replica
+from llmgw.gateway.request.routing import Replica
+from llmgw.gateway.state import metrics
 
 log = logging.getLogger("llmgw.gateway")
 

@@ -1,11 +1,11 @@
-"""The ASGI entry gunicorn loads: `llmgw.gateway.asgi:app`; settings come from the environment."""
+"""The ASGI entry gunicorn loads: `llmgw.gateway.server.asgi:app`; settings come from the environment."""
 
 from __future__ import annotations
 
 from gunicorn.errors import AppImportError
 
 from llmgw.errors import LlmgwError
-from llmgw.gateway.app import create_app
+from llmgw.gateway.server.app import create_app
 
 try:
     app = create_app()

@@ -1,4 +1,4 @@
-"""gunicorn settings `llmgw serve` loads with `--config python:llmgw.gateway.gunicorn_conf`."""
+"""gunicorn settings `llmgw serve` loads with `--config python:llmgw.gateway.server.gunicorn_conf`."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.atomic import file_signature, replace_file
-from llmgw.gateway import metrics
+from llmgw.gateway.state import metrics
 
 log = logging.getLogger("llmgw.gateway")
 

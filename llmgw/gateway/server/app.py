@@ -1,6 +1,6 @@
 """The app factory: builds every part once per worker and wires the routes.
 
-app = create_app()      # llmgw/gateway/asgi.py, the entry gunicorn loads
+app = create_app()      # llmgw/gateway/server/asgi.py, the entry gunicorn loads
 """
 
 from __future__ import annotations
@@ -17,23 +17,31 @@ import falcon
 import falcon.asgi
 import httpx
 
-from llmgw.gateway.access import Access
-from llmgw.gateway.config import Settings, settings_from_env
-from llmgw.gateway.dashboard import DashboardSnapshot, add_dashboard_routes
-from llmgw.gateway.demand import Demand
-from llmgw.gateway.discovery import Discovery
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
-from llmgw.gateway.health import Health
-from llmgw.gateway.keys import Keys, keys_from_settings
-from llmgw.gateway.limits import Limiter
-from llmgw.gateway.openapi import OpenApi
-from llmgw.gateway.outlier import Outliers, RetryBudget, replica_states
-from llmgw.gateway.proxy import AnswerCut, Proxy
-from llmgw.gateway.rates import Samples
-from llmgw.gateway.reload import PlanState, settle_heap
-from llmgw.gateway.resources import AdminKeys, AdminPlan, DashboardKeys, Healthz, Metrics, Models, Readyz
-from llmgw.gateway.routing import RouteTable
-from llmgw.gateway.upstream import FastTransport, Upstream
+from llmgw.gateway.pages.dashboard import DashboardSnapshot, add_dashboard_routes
+from llmgw.gateway.pages.openapi import OpenApi
+from llmgw.gateway.pages.resources import (
+    AdminKeys,
+    AdminPlan,
+    DashboardKeys,
+    Healthz,
+    Metrics,
+    Models,
+    Readyz,
+)
+from llmgw.gateway.request.access import Access
+from llmgw.gateway.request.demand import Demand
+from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.proxy import AnswerCut, Proxy
+from llmgw.gateway.request.routing import RouteTable
+from llmgw.gateway.request.upstream import FastTransport, Upstream
+from llmgw.gateway.server.config import Settings, settings_from_env
+from llmgw.gateway.state.discovery import Discovery
+from llmgw.gateway.state.health import Health
+from llmgw.gateway.state.keys import Keys, keys_from_settings
+from llmgw.gateway.state.outlier import Outliers, RetryBudget, replica_states
+from llmgw.gateway.state.rates import Samples
+from llmgw.gateway.state.reload import PlanState, settle_heap
 
 log = logging.getLogger("llmgw.gateway")
 

@@ -1,0 +1,1 @@
+"""What people read: listing, readiness and admin resources, the dashboard, OpenAPI."""

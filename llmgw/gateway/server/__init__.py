@@ -1,0 +1,1 @@
+"""The gateway process: gunicorn, its worker, settings, the app factory."""

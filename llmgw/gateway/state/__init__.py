@@ -1,0 +1,1 @@
+"""What changes under the requests: the served plan, discovery, health, keys, outliers, rates, metrics."""
