@@ -5,6 +5,14 @@ falcon.HTTPError         falcon's own (unknown path, wrong method): reshaped by
                          `serialize_http_error`
 anything else            `handle_unexpected`: logged with its traceback, answered
                          as a 500 that names the request id, never with the traceback
+
+Raised inside the gateway and caught elsewhere in it, never answered as they are:
+
+AnswerCut                request/relay: a JSON answer ended early; the app's ASGI wrapper
+                         drops the connection so the client sees an incomplete body
+LookupFailed             state/discovery: a DNS name could not be resolved; the last good
+                         list of pods keeps serving
+asyncio.CancelledError   request/gone: the client left; absorbed where the proxy awaits
 """
 
 from __future__ import annotations

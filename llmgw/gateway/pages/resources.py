@@ -16,8 +16,8 @@ from llmgw.errors import PlanError
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pages.dashboard import render_key_page, render_keys_page, set_page_headers
 from llmgw.gateway.request.access import bearer_token, check_model, usable_models
+from llmgw.gateway.request.body import read_body
 from llmgw.gateway.request.limits import Limiter
-from llmgw.gateway.request.proxy import read_body
 from llmgw.gateway.request.routing import DnsGroup
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Keys, Tenant

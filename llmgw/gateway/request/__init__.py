@@ -1,1 +1,2 @@
-"""One request's path: access, body checks, routing, on-demand starts, retries, relay, upstream, limits, usage."""
+"""One request's path: access, body checks, routing, on-demand starts, retries, relay,
+upstream, limits, usage."""

@@ -1,4 +1,7 @@
-"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: check, route, relay.
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: the retry loop.
+
+The body is read and checked in request/body.py, the answer relayed in request/relay.py,
+a client that leaves noticed in request/gone.py; this module decides where a request goes.
 
 The request is checked against the model before any replica is bothered. Then replicas are
 tried best first (see routing.Model.candidates): a refused connection or a 502/503/504 moves
@@ -27,22 +30,30 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import falcon
 import falcon.asgi
 import httpx
 
-from llmgw.gateway.errors import ApiError, error_body
+from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.access import Access, check_model
+from llmgw.gateway.request.body import (
+    ask_for_usage,
+    check_max_tokens,
+    parse_request,
+    read_body,
+    wrong_endpoint,
+)
 from llmgw.gateway.request.demand import Demand
+from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
 from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.relay import Answer, Outgoing, Relay, count_tokens, no_chunks, read_error
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
 from llmgw.gateway.request.routing import (
     ENDPOINTS_FOR_TASK,
     UPSTREAM_PATHS,
-    InFlight,
     Model,
     Replica,
     prefix_key,
@@ -55,12 +66,6 @@ from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
 
 log = logging.getLogger("llmgw.gateway")
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-CLIENT_GONE = 499  # nginx's "client closed request": logged, never seen by a client
-# Set in the request's scope by the server's protocol (gateway/worker.py) when it dropped a
-# client that read nothing for this many seconds.
-STALLED = "llmgw.stalled"
 
 # Failures that mean "this replica did not take the request": safe to send it elsewhere.
 _NOT_TAKEN = (
@@ -77,81 +82,6 @@ _NOT_TAKEN = (
 # itself cannot serve now): retried elsewhere, and counted against the replica at once.
 # Any other 5xx may be the request's own doing; see `Proxy._blame`.
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
-_ERROR_LIMIT = 1 << 20
-
-
-class ClientGone:
-    """Put in each request's scope by the server's protocol (gateway/worker.py), which
-    calls `notify` when the client's connection is lost before the answer is complete.
-
-    Told by the protocol, rather than by a task per request waiting on ASGI's `receive`
-    for `http.disconnect`: that task cost more than anything else the proxy does for a
-    short answer, and nearly every client stays to the end.
-    """
-
-    __slots__ = ("gone", "listeners")
-
-    def __init__(self) -> None:
-        self.gone = False
-        self.listeners: list[Callable[[], None]] = []
-
-    def notify(self) -> None:
-        self.gone = True
-        for listener in self.listeners:
-            listener()
-        self.listeners.clear()
-
-
-GONE = "llmgw.gone"
-
-
-class Disconnect:
-    """Cancels the request's task if the client leaves while it waits on the upstream."""
-
-    __slots__ = ("task", "waiting", "gone", "watcher", "signal")
-
-    def __init__(self, scope: dict[str, Any]) -> None:
-        self.task = asyncio.current_task()
-        self.waiting = False
-        self.gone = False
-        self.watcher: asyncio.Task[None] | None = None
-        self.signal: ClientGone | None = scope.get(GONE)
-        if self.signal is not None:
-            if self.signal.gone:
-                self.gone = True
-            else:
-                self.signal.listeners.append(self._left)
-            return
-        # Served by some other server than the gateway's worker: watch `receive` instead.
-        receive: Receive | None = scope.get("llmgw.receive")
-        if receive is not None:
-            self.watcher = asyncio.get_running_loop().create_task(self._watch(receive))
-
-    async def _watch(self, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        self._left()
-
-    def _left(self) -> None:
-        self.gone = True
-        # Only while our own code awaits the upstream: cancelling the task anywhere else
-        # (inside falcon's send, say) would surface as an error in the server's log.
-        if self.waiting and self.task is not None:
-            self.task.cancel()
-
-    def absorb(self) -> bool:
-        """After a CancelledError: True when it was ours, and the task may carry on."""
-        if not self.gone or self.task is None:
-            return False
-        self.task.uncancel()
-        return True
-
-    def stop(self) -> None:
-        if self.watcher is not None:
-            self.watcher.cancel()
-        if self.signal is not None:
-            self.signal.listeners.clear()
-
 
 class Proxy:
     def __init__(
@@ -200,20 +130,20 @@ class Proxy:
         )
         if not body:
             raise ApiError(400, "The request has no body; send a JSON object with at least `model`.")
-        request = _parse(body)
+        request = parse_request(body)
         requested = request["model"]
         model = ctx.table.lookup(requested)
         ctx.model = model.name
         check_model(ctx.tenant, model, ctx.table)
         if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
-            raise _wrong_endpoint(model, self.path)
-        _check_max_tokens(model, request)
+            raise wrong_endpoint(model, self.path)
+        check_max_tokens(model, request)
         tenant = ctx.tenant
         window = self.limiter.admit(tenant) if tenant is not None and self.limiter else None
         ctx.prompt_estimate = prompt_estimate(body)
         meter = Meter()
         if request.get("stream") is True and self.kind != "embedding":
-            request, body, meter = _ask_for_usage(request, body)
+            request, body, meter = ask_for_usage(request, body)
         watch = Disconnect(req.scope)
         try:
             key = functools.partial(prefix_key, self.kind, request)
@@ -460,9 +390,9 @@ class Proxy:
                 if upstream.status_code >= 500:
                     # Read whole, in case it is passed on: whether it is, only the next
                     # replica's answer can tell.
-                    error = await _read_error(chunks)
+                    error = await read_error(chunks)
                     await upstream.aclose()
-                    return Answer(upstream, hold, _nothing(), error)
+                    return Answer(upstream, hold, no_chunks(), error)
                 first = await anext(chunks, b"")
         except BaseException:
             watch.waiting = False
@@ -476,381 +406,3 @@ class Proxy:
         return Answer(upstream, hold, chunks, first)
 
 
-class Outgoing:
-    """What goes to whichever replica is asked: the endpoint's kind, headers and body."""
-
-    __slots__ = ("kind", "headers", "body")
-
-    def __init__(self, kind: str, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        self.kind = kind
-        self.headers = headers
-        self.body = body
-
-
-async def _read_error(chunks: AsyncIterator[bytes]) -> bytes:
-    parts, total = [], 0
-    async for part in chunks:
-        total += len(part)
-        if total > _ERROR_LIMIT:
-            # No engine explains itself at this length: taken as a replica in trouble.
-            raise httpx.RemoteProtocolError(f"a 5xx answer over {_ERROR_LIMIT} bytes")
-        parts.append(part)
-    return b"".join(parts)
-
-
-async def _nothing() -> AsyncIterator[bytes]:
-    return
-    yield  # an async generator that yields nothing
-
-
-class AnswerCut(Exception):
-    """A JSON answer ended early: the server must drop the connection, not end the body."""
-
-
-class Answer:
-    """A replica's answer whose first body bytes are in hand: what may go to the client."""
-
-    __slots__ = ("upstream", "hold", "replica", "chunks", "first")
-
-    def __init__(
-        self, upstream: Reply | httpx.Response, hold: InFlight, chunks: AsyncIterator[bytes], first: bytes
-    ) -> None:
-        self.upstream = upstream
-        self.hold = hold
-        self.replica = hold.replica
-        self.chunks = chunks
-        self.first = first
-
-    def release(self) -> None:
-        """Its replica is done with: once, however many paths end the answer."""
-        self.hold.release()
-
-    async def drop(self) -> None:
-        """Done with before the client has all of it: the replica is released, and the
-        engine's connection given back, or closed if the answer is unfinished (which is what
-        tells the engine to stop generating)."""
-        self.release()
-        await self.upstream.aclose()
-
-    def whole(self, limit: int) -> bytes | None:
-        """The whole body, when it all came in the first chunk and is at most `limit` bytes.
-
-        Only then: a longer answer goes through the Relay, which notices a client that
-        stops reading or leaves while it is sent, and logs it so.
-        """
-        upstream = self.upstream
-        if isinstance(upstream, Reply) and len(self.first) <= limit and upstream.body.finished():
-            return self.first
-        return None
-
-
-class Relay:
-    """The upstream's answer, chunk by chunk, as falcon's response stream.
-
-    A class rather than a generator so falcon's `close()` call in its `finally` releases the
-    upstream connection and the replica at once, whatever happened to the client.
-    """
-
-    def __init__(
-        self,
-        proxy: Proxy,
-        req: falcon.asgi.Request,
-        answer: Answer,
-        watch: Disconnect,
-        rename: JsonRename | EventRename,
-        meter: Meter,
-    ) -> None:
-        self.proxy = proxy
-        self.rename = rename
-        self.meter = meter
-        self.req = req
-        self.upstream = answer.upstream
-        self.answer = answer
-        self.replica = answer.replica
-        self.watch = watch
-        self.chunks = answer.chunks
-        self.first: bytes | None = answer.first or None
-        self.status = answer.upstream.status_code
-        self.closed = False
-        self.event_stream = isinstance(rename, EventRename)
-        self.relayed = 0
-        # The gap between chunks is timed by the wire itself where it can be: it sets a timer
-        # only when it has to wait for a chunk, where an asyncio.timeout built a context and
-        # scheduled a timer around every chunk of every stream. httpx's transport (https)
-        # has no such clock.
-        self.timed_by_wire = isinstance(self.upstream, Reply)
-        if isinstance(self.upstream, Reply):
-            self.upstream.body.read_timeout = proxy.chunk_timeout
-
-    def __aiter__(self) -> Relay:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self.closed:
-            raise StopAsyncIteration
-        if self.first is not None:
-            first, self.first = self.first, None
-            return await self._counted(first)
-        while True:  # a chunk the rename holds on to is not worth a send of nothing
-            chunk = await self._next()
-            if chunk:
-                if self.meter.whole:
-                    self.meter.part(chunk)
-                return await self._counted(chunk)
-
-    async def _counted(self, chunk: bytes) -> bytes:
-        # An answer with no declared length (chunked, or one that never ends) is counted as
-        # it goes: relaying it without limit would keep a worker and a client busy forever.
-        self.relayed += len(chunk)
-        if self.relayed <= self.proxy.max_response or self.closed:
-            return chunk
-        limit = self.proxy.max_response
-        return await self._cut(
-            "too_large",
-            f"The answer was cut off: replica {self.replica.endpoint} sent more than the gateway's "
-            f"limit of {limit} bytes (LLMGW_MAX_RESPONSE_BYTES).",
-        )
-
-    async def _next(self) -> bytes:
-        if self.watch.gone:
-            # The client left while its last chunk was being sent (the server drops the
-            # writes of a closed connection without a word): nothing more is wanted.
-            self.status = CLIENT_GONE
-            await self.close()
-            raise StopAsyncIteration
-        self.watch.waiting = True
-        try:
-            if self.timed_by_wire:
-                chunk = self.rename.feed(await self.chunks.__anext__())
-            else:
-                async with asyncio.timeout(self.proxy.chunk_timeout):
-                    chunk = self.rename.feed(await self.chunks.__anext__())
-        except StopAsyncIteration:
-            rest = self.rename.flush()
-            if self.event_stream and rest and not rest.endswith(b"\n"):
-                # The stream ended inside an event: a client would read half an event as
-                # a whole one, or wait for the rest. Dropped, and said so instead.
-                return await self._cut(
-                    "broken",
-                    f"The answer was cut off: replica {self.replica.endpoint} ended its event "
-                    "stream in the middle of an event.",
-                )
-            await self.close()
-            if rest:
-                return rest
-            raise
-        except asyncio.CancelledError:
-            if not self.watch.absorb():
-                raise
-            self.status = CLIENT_GONE
-            await self.close()
-            raise StopAsyncIteration from None
-        except (httpx.HTTPError, TimeoutError) as exc:
-            return await self._broken(exc)
-        finally:
-            self.watch.waiting = False
-        return chunk
-
-    async def _broken(self, exc: BaseException) -> bytes:
-        kind = "timeout" if isinstance(exc, (TimeoutError, httpx.TimeoutException)) else "broken"
-        message = f"The answer was cut off: replica {self.replica.endpoint} " + (
-            "stopped sending." if kind == "timeout" else "broke the connection."
-        )
-        return await self._cut(kind, message, why=type(exc).__name__)
-
-    async def _cut(self, kind: str, message: str, why: str | None = None) -> bytes:
-        """End an answer the client has part of; all we can do is say so where it will be
-        read: a final error event in a stream, after the last whole event. A JSON answer
-        has nowhere to say it, so the connection is dropped before the body's end, which
-        every HTTP client reports as an incomplete answer rather than reading half a body
-        as a whole one."""
-        endpoint = self.replica.endpoint
-        metrics.UPSTREAM_ERRORS.labels(endpoint, kind).inc()
-        log.warning(
-            "answer from %s cut off (%s) for request %s",
-            endpoint,
-            why or kind,
-            self.req.context.request_id,
-        )
-        self.status = 504 if kind == "timeout" else 502
-        await self.close()
-        if not self.event_stream:
-            raise AnswerCut(message)
-        return b"data: " + error_body(message, "upstream_error") + b"\n\n"
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        stalled = self.req.scope.get(STALLED)
-        if stalled is not None:
-            self.status = CLIENT_GONE
-            log.warning(
-                "client of request %s read nothing for %gs; its answer from %s was cut off",
-                self.req.context.request_id,
-                stalled,
-                self.replica.endpoint,
-            )
-        self.watch.stop()
-        try:
-            await self.answer.drop()
-        finally:
-            count_tokens(self.req.context, self.meter, self.upstream.status_code, self.proxy.limiter)
-            self.proxy.access.finish(self.req, self.status)
-
-
-def count_tokens(ctx: Any, meter: Meter, status: int, limiter: Limiter | None) -> None:
-    """Count an ended answer's tokens in the metrics, and charge its key for them."""
-    try:
-        meter.finish()
-        if meter.prompt is not None:
-            prompt, completion = meter.prompt, meter.completion or 0
-        elif status < 400:
-            # Cut short (the client left, or the engine broke off) before usage came: the
-            # prompt was read all the same, so the key is charged its estimate.
-            prompt, completion = ctx.prompt_estimate, 0
-        else:
-            return  # the engine refused the request: nothing was generated
-        tenant = ctx.tenant
-        key = tenant.name if tenant is not None else "-"
-        metrics.labelled(metrics.TOKENS, ctx.model, key, "prompt").inc(prompt)
-        if completion:
-            metrics.labelled(metrics.TOKENS, ctx.model, key, "completion").inc(completion)
-        if tenant is not None and limiter is not None:
-            limiter.charge(tenant, prompt + completion)
-    except Exception:  # a miscount must not lose the access log line and metrics
-        log.exception("counting the tokens of request %s failed", ctx.request_id)
-
-
-async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> bytes:
-    """The whole body; 413 saying `too_large` once it is over `limit` bytes, declared or not;
-    400 when the client left before sending all of it."""
-    length = req.content_length
-    if length is not None and length > limit:
-        raise ApiError(413, too_large, code="request_too_large")
-    if length is not None:
-        body = bytes(await req.stream.read())
-    else:
-        parts, total = [], 0  # chunked upload: count as it comes
-        async for part in req.stream:
-            total += len(part)
-            if total > limit:
-                raise ApiError(413, too_large, code="request_too_large")
-            parts.append(part)
-        body = b"".join(parts)
-    # The server ends the stream when the client goes away, and the part that came looks
-    # like a whole body: a deploy cut short was refused as a bad plan, and a request cut
-    # at the right place went to an engine.
-    body_watch = req.scope.get("llmgw.body")
-    if (length is not None and len(body) < length) or (body_watch is not None and body_watch.cut):
-        announced = f" of the {length} its Content-Length announced" if length is not None else ""
-        raise ApiError(
-            400,
-            f"The request body was cut short: the connection closed after {len(body)} bytes"
-            f"{announced}. Send the whole body again.",
-            code="body_cut_short",
-        )
-    return body
-
-
-def _ask_for_usage(request: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes, Meter]:
-    """A stream's request asking the engine for usage; and the meter that takes the usage
-    event out again when the client did not ask for it."""
-    options = request.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage") is True:
-        return request, body, Meter()
-    given = options if isinstance(options, dict) else {}
-    asked = {**request, "stream_options": {**given, "include_usage": True}}
-    return asked, json.dumps(asked).encode(), Meter(strip_usage_event=True)
-
-
-class _RepeatedKey(Exception):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) == len(pairs):
-        return obj
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise _RepeatedKey(key)
-        seen.add(key)
-    raise AssertionError("unreachable: fewer keys than pairs means one repeats")
-
-
-# Made once: json.loads with a hook builds a decoder and its scanner on every call.
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
-
-
-def _parse(body: bytes) -> dict[str, Any]:
-    # One reading of the body, the same one every engine makes: the gateway checks the
-    # body it parsed and forwards the bytes, so bytes an engine could read differently
-    # (another encoding, a key given twice) must not pass.
-    try:
-        text = body.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise ApiError(
-            400, "The request body is not UTF-8; send JSON encoded as UTF-8, as the OpenAI API expects."
-        ) from None
-    try:
-        request = _DECODER.decode(text)
-    except _RepeatedKey as exc:
-        raise ApiError(
-            400,
-            f"The request body gives `{exc}` more than once in one object; engines differ on which "
-            "one counts, so send each field once.",
-            param=str(exc),
-            code="duplicate_key",
-        ) from None
-    except RecursionError:
-        raise ApiError(
-            400, "The request body nests arrays or objects too deeply to read; no API request needs that."
-        ) from None
-    except ValueError as exc:
-        raise ApiError(400, f"The request body is not valid JSON ({exc}).") from None
-    if not isinstance(request, dict):
-        raise ApiError(400, 'The request body must be a JSON object, e.g. {"model": ...}.')
-    model = request.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "The request has no `model`; name one from GET /v1/models.", param="model")
-    return request
-
-
-def _wrong_endpoint(model: Model, path: str) -> ApiError:
-    right = " or ".join(UPSTREAM_PATHS[k] for k in sorted(ENDPOINTS_FOR_TASK[model.task]))
-    return ApiError(
-        400,
-        f"'{model.name}' is {_article(model.task)} {model.task} model; send it to POST {right}, not {path}.",
-        param="model",
-        code="wrong_endpoint",
-    )
-
-
-def _article(word: str) -> str:
-    return "an" if word[:1] in "aeiou" else "a"
-
-
-# Every field an engine takes as the answer's length limit: vLLM reads the first two,
-# llama.cpp all three. Checking only the OpenAI ones let `n_predict` past max_output.
-_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict")
-
-
-def _check_max_tokens(model: Model, request: dict[str, Any]) -> None:
-    for field in _TOKEN_LIMITS:
-        value = request.get(field)
-        if value is None:
-            continue
-        # llama.cpp reads n_predict -1 as "no limit": fine where the model sets none.
-        unlimited = field == "n_predict" and value == -1
-        if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and not unlimited):
-            raise ApiError(400, f"`{field}` must be a positive whole number.", param=field)
-        if model.max_output is not None and (unlimited or value > model.max_output):
-            raise ApiError(
-                400,
-                f"`{field}` is {value}, but {model.name} writes at most {model.max_output} tokens "
-                f"per answer (its max_output); ask for {model.max_output} or fewer.",
-                param=field,
-                code="max_tokens_exceeded",
-            )

@@ -32,7 +32,8 @@ from llmgw.gateway.pages.resources import (
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.limits import Limiter
-from llmgw.gateway.request.proxy import AnswerCut, Proxy
+from llmgw.gateway.request.proxy import Proxy
+from llmgw.gateway.request.relay import AnswerCut
 from llmgw.gateway.request.routing import RouteTable
 from llmgw.gateway.request.upstream import FastTransport, Upstream
 from llmgw.gateway.server.config import Settings, settings_from_env

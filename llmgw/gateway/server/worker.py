@@ -30,7 +30,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
-from llmgw.gateway.request.proxy import GONE, STALLED, ClientGone
+from llmgw.gateway.request.gone import GONE, STALLED, ClientGone
 from llmgw.gateway.server.config import Settings, settings_from_env
 
 log = logging.getLogger("llmgw.gateway")

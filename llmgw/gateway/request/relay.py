@@ -1,0 +1,284 @@
+"""An engine's answer on its way to the client: the first bytes in hand (`Answer`), then
+chunk by chunk (`Relay`), timed, counted, renamed and cut off with a sentence when the engine
+breaks; and the tokens it used charged when it ends, however it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import falcon.asgi
+import httpx
+
+from llmgw.gateway.errors import error_body
+from llmgw.gateway.request.access import Access
+from llmgw.gateway.request.gone import CLIENT_GONE, STALLED, Disconnect
+from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.rename import EventRename, JsonRename
+from llmgw.gateway.request.routing import InFlight
+from llmgw.gateway.request.upstream import Reply
+from llmgw.gateway.request.usage import Meter
+from llmgw.gateway.state import metrics
+
+log = logging.getLogger("llmgw.gateway")
+
+_ERROR_LIMIT = 1 << 20
+
+
+class Relaying(Protocol):
+    """What a relay needs of the endpoint that asked: its limits, and where the ending goes."""
+
+    chunk_timeout: float
+    max_response: int
+    limiter: Limiter | None
+    access: Access
+
+
+class Outgoing:
+    """What goes to whichever replica is asked: the endpoint's kind, headers and body."""
+
+    __slots__ = ("kind", "headers", "body")
+
+    def __init__(self, kind: str, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.kind = kind
+        self.headers = headers
+        self.body = body
+
+
+async def read_error(chunks: AsyncIterator[bytes]) -> bytes:
+    parts, total = [], 0
+    async for part in chunks:
+        total += len(part)
+        if total > _ERROR_LIMIT:
+            # No engine explains itself at this length: taken as a replica in trouble.
+            raise httpx.RemoteProtocolError(f"a 5xx answer over {_ERROR_LIMIT} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+async def no_chunks() -> AsyncIterator[bytes]:
+    return
+    yield  # an async generator that yields nothing
+
+
+class AnswerCut(Exception):
+    """A JSON answer ended early: the server must drop the connection, not end the body."""
+
+
+class Answer:
+    """A replica's answer whose first body bytes are in hand: what may go to the client."""
+
+    __slots__ = ("upstream", "hold", "replica", "chunks", "first")
+
+    def __init__(
+        self, upstream: Reply | httpx.Response, hold: InFlight, chunks: AsyncIterator[bytes], first: bytes
+    ) -> None:
+        self.upstream = upstream
+        self.hold = hold
+        self.replica = hold.replica
+        self.chunks = chunks
+        self.first = first
+
+    def release(self) -> None:
+        """Its replica is done with: once, however many paths end the answer."""
+        self.hold.release()
+
+    async def drop(self) -> None:
+        """Done with before the client has all of it: the replica is released, and the
+        engine's connection given back, or closed if the answer is unfinished (which is what
+        tells the engine to stop generating)."""
+        self.release()
+        await self.upstream.aclose()
+
+    def whole(self, limit: int) -> bytes | None:
+        """The whole body, when it all came in the first chunk and is at most `limit` bytes.
+
+        Only then: a longer answer goes through the Relay, which notices a client that
+        stops reading or leaves while it is sent, and logs it so.
+        """
+        upstream = self.upstream
+        if isinstance(upstream, Reply) and len(self.first) <= limit and upstream.body.finished():
+            return self.first
+        return None
+
+
+class Relay:
+    """The upstream's answer, chunk by chunk, as falcon's response stream.
+
+    A class rather than a generator so falcon's `close()` call in its `finally` releases the
+    upstream connection and the replica at once, whatever happened to the client.
+    """
+
+    def __init__(
+        self,
+        proxy: Relaying,
+        req: falcon.asgi.Request,
+        answer: Answer,
+        watch: Disconnect,
+        rename: JsonRename | EventRename,
+        meter: Meter,
+    ) -> None:
+        self.proxy = proxy
+        self.rename = rename
+        self.meter = meter
+        self.req = req
+        self.upstream = answer.upstream
+        self.answer = answer
+        self.replica = answer.replica
+        self.watch = watch
+        self.chunks = answer.chunks
+        self.first: bytes | None = answer.first or None
+        self.status = answer.upstream.status_code
+        self.closed = False
+        self.event_stream = isinstance(rename, EventRename)
+        self.relayed = 0
+        # The gap between chunks is timed by the wire itself where it can be: it sets a timer
+        # only when it has to wait for a chunk, where an asyncio.timeout built a context and
+        # scheduled a timer around every chunk of every stream. httpx's transport (https)
+        # has no such clock.
+        self.timed_by_wire = isinstance(self.upstream, Reply)
+        if isinstance(self.upstream, Reply):
+            self.upstream.body.read_timeout = proxy.chunk_timeout
+
+    def __aiter__(self) -> Relay:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.closed:
+            raise StopAsyncIteration
+        if self.first is not None:
+            first, self.first = self.first, None
+            return await self._counted(first)
+        while True:  # a chunk the rename holds on to is not worth a send of nothing
+            chunk = await self._next()
+            if chunk:
+                if self.meter.whole:
+                    self.meter.part(chunk)
+                return await self._counted(chunk)
+
+    async def _counted(self, chunk: bytes) -> bytes:
+        # An answer with no declared length (chunked, or one that never ends) is counted as
+        # it goes: relaying it without limit would keep a worker and a client busy forever.
+        self.relayed += len(chunk)
+        if self.relayed <= self.proxy.max_response or self.closed:
+            return chunk
+        limit = self.proxy.max_response
+        return await self._cut(
+            "too_large",
+            f"The answer was cut off: replica {self.replica.endpoint} sent more than the gateway's "
+            f"limit of {limit} bytes (LLMGW_MAX_RESPONSE_BYTES).",
+        )
+
+    async def _next(self) -> bytes:
+        if self.watch.gone:
+            # The client left while its last chunk was being sent (the server drops the
+            # writes of a closed connection without a word): nothing more is wanted.
+            self.status = CLIENT_GONE
+            await self.close()
+            raise StopAsyncIteration
+        self.watch.waiting = True
+        try:
+            if self.timed_by_wire:
+                chunk = self.rename.feed(await self.chunks.__anext__())
+            else:
+                async with asyncio.timeout(self.proxy.chunk_timeout):
+                    chunk = self.rename.feed(await self.chunks.__anext__())
+        except StopAsyncIteration:
+            rest = self.rename.flush()
+            if self.event_stream and rest and not rest.endswith(b"\n"):
+                # The stream ended inside an event: a client would read half an event as
+                # a whole one, or wait for the rest. Dropped, and said so instead.
+                return await self._cut(
+                    "broken",
+                    f"The answer was cut off: replica {self.replica.endpoint} ended its event "
+                    "stream in the middle of an event.",
+                )
+            await self.close()
+            if rest:
+                return rest
+            raise
+        except asyncio.CancelledError:
+            if not self.watch.absorb():
+                raise
+            self.status = CLIENT_GONE
+            await self.close()
+            raise StopAsyncIteration from None
+        except (httpx.HTTPError, TimeoutError) as exc:
+            return await self._broken(exc)
+        finally:
+            self.watch.waiting = False
+        return chunk
+
+    async def _broken(self, exc: BaseException) -> bytes:
+        kind = "timeout" if isinstance(exc, (TimeoutError, httpx.TimeoutException)) else "broken"
+        message = f"The answer was cut off: replica {self.replica.endpoint} " + (
+            "stopped sending." if kind == "timeout" else "broke the connection."
+        )
+        return await self._cut(kind, message, why=type(exc).__name__)
+
+    async def _cut(self, kind: str, message: str, why: str | None = None) -> bytes:
+        """End an answer the client has part of; all we can do is say so where it will be
+        read: a final error event in a stream, after the last whole event. A JSON answer
+        has nowhere to say it, so the connection is dropped before the body's end, which
+        every HTTP client reports as an incomplete answer rather than reading half a body
+        as a whole one."""
+        endpoint = self.replica.endpoint
+        metrics.UPSTREAM_ERRORS.labels(endpoint, kind).inc()
+        log.warning(
+            "answer from %s cut off (%s) for request %s",
+            endpoint,
+            why or kind,
+            self.req.context.request_id,
+        )
+        self.status = 504 if kind == "timeout" else 502
+        await self.close()
+        if not self.event_stream:
+            raise AnswerCut(message)
+        return b"data: " + error_body(message, "upstream_error") + b"\n\n"
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        stalled = self.req.scope.get(STALLED)
+        if stalled is not None:
+            self.status = CLIENT_GONE
+            log.warning(
+                "client of request %s read nothing for %gs; its answer from %s was cut off",
+                self.req.context.request_id,
+                stalled,
+                self.replica.endpoint,
+            )
+        self.watch.stop()
+        try:
+            await self.answer.drop()
+        finally:
+            count_tokens(self.req.context, self.meter, self.upstream.status_code, self.proxy.limiter)
+            self.proxy.access.finish(self.req, self.status)
+
+
+def count_tokens(ctx: Any, meter: Meter, status: int, limiter: Limiter | None) -> None:
+    """Count an ended answer's tokens in the metrics, and charge its key for them."""
+    try:
+        meter.finish()
+        if meter.prompt is not None:
+            prompt, completion = meter.prompt, meter.completion or 0
+        elif status < 400:
+            # Cut short (the client left, or the engine broke off) before usage came: the
+            # prompt was read all the same, so the key is charged its estimate.
+            prompt, completion = ctx.prompt_estimate, 0
+        else:
+            return  # the engine refused the request: nothing was generated
+        tenant = ctx.tenant
+        key = tenant.name if tenant is not None else "-"
+        metrics.labelled(metrics.TOKENS, ctx.model, key, "prompt").inc(prompt)
+        if completion:
+            metrics.labelled(metrics.TOKENS, ctx.model, key, "completion").inc(completion)
+        if tenant is not None and limiter is not None:
+            limiter.charge(tenant, prompt + completion)
+    except Exception:  # a miscount must not lose the access log line and metrics
+        log.exception("counting the tokens of request %s failed", ctx.request_id)
+
+
