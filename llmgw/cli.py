@@ -386,7 +386,7 @@ def inventory_command(
     fmt: str,
     kubectl_json: str | None,
 ) -> None:
-    """Print this machine's fleet entry from what it reports: memory, GPUs, engines on PATH.
+    """Print this machine's fleet entry from what it reports: memory, GPUs, engines the agent runs.
 
     Paste the output under `nodes:` in fleet.yaml. With --kubernetes, print a whole fleet
     file for a cluster instead, from what its nodes report as allocatable.
@@ -606,6 +606,7 @@ def node_status_command(agent_url: str) -> None:
             "IN FLIGHT",
             "STARTS",
             "RESTARTS",
+            "LOG",
             "MESSAGE",
         )
     ]
@@ -622,6 +623,7 @@ def node_status_command(agent_url: str) -> None:
                 str(r["in_flight"]) if on_demand else "-",
                 str(r.get("starts", "-")),
                 str(r["restarts"]),
+                r.get("log") or "-",  # where to look when the message is not enough
                 r["message"] or "",
             )
         )

@@ -27,7 +27,7 @@ from llmgw.inventory import entry_yaml, take_inventory
 from llmgw.lifetime import die_with_parent
 from llmgw.lint import lint
 from llmgw.model import DEFAULT_AGENT_PORT
-from llmgw.node.agent import executable_for, port_is_free
+from llmgw.node.agent import port_is_free
 from llmgw.plan import build_plan, dump_plan, read_plan
 from llmgw.report import REPORTERS
 
@@ -100,9 +100,6 @@ def _this_machine(agent_port: int) -> dict[str, object]:
     entry = take_inventory(name=NODE, address="127.0.0.1", ports=PORTS).entry
     if agent_port != DEFAULT_AGENT_PORT:  # where the gateway asks for on-demand engines
         entry["agent_port"] = agent_port
-    # What the agent will run, not only what is on PATH: the `local` extra's llama-server
-    # lives in the package, not on PATH.
-    entry["engines"] = sorted(e for e in ("llamacpp", "vllm") if executable_for(e)[0])
     return entry
 
 

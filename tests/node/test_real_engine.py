@@ -25,7 +25,7 @@ import httpx
 import openai
 import pytest
 
-from llmgw.node.agent import executable_for
+from llmgw.engines import executable_for
 from tests.gateway.harness import ROOT, free_port, gateway
 from tests.node.agents import Agent, Fleet, alive, wait_for
 
