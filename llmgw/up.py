@@ -7,6 +7,9 @@
 The agent and the gateway run as the same commands an operator runs on a real fleet, in
 sessions of their own, so Ctrl-C here stops them in order: the gateway, then the agent,
 which stops every engine. Nothing is left running.
+
+While they run, an edited CATALOG is linted and, when it passes, planned over plan.json,
+which both of them watch: the way a deploy reaches a fleet.
 """
 
 from __future__ import annotations
