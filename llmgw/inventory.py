@@ -23,6 +23,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
+from llmgw.engines import executable_for
 from llmgw.errors import UsageError
 from llmgw.schema import validator
 
@@ -31,8 +32,8 @@ from llmgw.schema import validator
 GB = 1_000_000_000
 MIB = 1024 * 1024
 
-# Executable on PATH → the engine name the catalogue uses.
-ENGINE_EXECUTABLES = {"llama-server": "llamacpp", "vllm": "vllm"}
+# The engine names the catalogue uses; each is looked for as the node agent looks for it.
+ENGINES = ("llamacpp", "vllm")
 
 Which = Callable[[str], str | None]
 Run = Callable[[list[str]], str]
@@ -53,6 +54,7 @@ def take_inventory(
     meminfo: Path = Path("/proc/meminfo"),
     path: str | None = None,
     run: Run | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Inventory:
     """Read this machine's facts into one fleet node entry, checked against the fleet schema."""
     notes: list[str] = []
@@ -72,11 +74,15 @@ def take_inventory(
     entry["labels"] = dict(sorted((labels or {}).items()))
     # Always written, even empty: this agent looked, so an empty list means none found,
     # where a missing key would mean an older agent that does not say.
-    entry["engines"] = sorted(engine for exe, engine in ENGINE_EXECUTABLES.items() if which(exe) is not None)
+    # By the agent's own rule (LLMGW_LLAMA_SERVER, PATH, the `local` extra's build), so the
+    # entry says what the agent here would run.
+    env = os.environ if environ is None else environ
+    entry["engines"] = [e for e in ENGINES if executable_for(e, path=path, environ=env)[0] is not None]
     if not entry["engines"]:
         notes.append(
-            f"no engine found on PATH (looked for {', '.join(sorted(ENGINE_EXECUTABLES))}); "
-            "install one or fix PATH before placing replicas here."
+            "no engine found (looked for llama-server and vllm on PATH, LLMGW_LLAMA_SERVER and "
+            "LLMGW_VLLM, and the `local` extra's llama-server); install one or fix PATH before "
+            "placing replicas here."
         )
     if ports is not None:
         entry["ports"] = {"first": ports[0], "last": ports[1]}

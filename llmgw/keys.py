@@ -22,6 +22,7 @@ from ruamel.yaml.error import YAMLError
 from llmgw.atomic import replace_file
 from llmgw.errors import UsageError
 from llmgw.findings import Finding
+from llmgw.lint import catalogue_files
 from llmgw.load import Document, load_document
 from llmgw.nesting import too_deep_at, too_deep_sentence
 from llmgw.rules import Entry
@@ -75,7 +76,7 @@ def lint_keys(path: Path, entries: Sequence[Entry], today: dt.date | None = None
         elif digest:
             first_hash[digest] = i
         for j, pattern in enumerate(key.get("models") or []):
-            if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            if patterns_matching_nothing([pattern], names):
                 findings.append(
                     doc.finding(
                         "error",
@@ -97,6 +98,28 @@ def lint_keys(path: Path, entries: Sequence[Entry], today: dt.date | None = None
                 )
             )
     return findings
+
+
+def catalogue_names(catalog: Path) -> set[str]:
+    """Every model name and alias the catalogue's files give, read without the fleet: what
+    `keys add --models` checks a pattern against. A file that does not parse gives none
+    (lint says why)."""
+    names: set[str] = set()
+    for path in catalogue_files(catalog):
+        doc, _ = load_document(path, path.as_posix())
+        data = doc.data if doc is not None else None
+        if not isinstance(data, dict):
+            continue
+        aliases = data.get("aliases")
+        for name in [data.get("name"), *(aliases if isinstance(aliases, list) else [])]:
+            if isinstance(name, str):
+                names.add(name)
+    return names
+
+
+def patterns_matching_nothing(patterns: Sequence[str], names: set[str]) -> list[str]:
+    """The `models` entries that would grant nothing: the same test as lint's keys-no-model."""
+    return [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
 
 
 def _dates_as_text(data: Any) -> Any:

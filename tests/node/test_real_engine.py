@@ -25,11 +25,12 @@ import httpx
 import openai
 import pytest
 
-from llmgw.node.agent import executable_for
+from llmgw.engines import executable_for
 from tests.gateway.harness import ROOT, free_port, gateway
 from tests.node.agents import Agent, Fleet, alive, wait_for
 
 EXAMPLE = ROOT / "examples" / "local" / "gemma-3-270m.yaml"
+EMBED_EXAMPLE = ROOT / "examples" / "local" / "gemma-3-270m-embed.yaml"
 
 
 def _missing() -> str | None:
@@ -221,6 +222,32 @@ def test_a_restarted_agent_keeps_the_engine_and_a_deploy_that_drops_the_model_st
                 agent,
             )
             assert json.loads(fleet.plan_path.read_text())["models"] == []
+    finally:
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.stop()
+
+
+def test_the_examples_embedding_model_answers_with_vectors(tmp_path: Path, weights: Path) -> None:
+    # Without --pooling in its args the engine loaded and refused every request.
+    fleet = Fleet(tmp_path / "fleet", others=False)
+    text = EMBED_EXAMPLE.read_text().replace("source: models/gemma-3-270m-q4_k_m.gguf", f"source: {weights}")
+    fleet.plan({"embed.yaml": text})
+    (tmp_path / "bin").mkdir()
+    agent = Agent(fleet, tmp_path / "bin")
+    try:
+        agent.start()
+        agent.wait_state("gemma-3-270m-embed", "ready", timeout=120)
+        with gateway(fleet.plan_path, LLMGW_HEALTH_FAILURES="1") as gw:
+
+            def vectors() -> Any:
+                try:
+                    inputs = ["a red apple", "a green pear"]
+                    return client(gw.url).embeddings.create(model="embed", input=inputs)
+                except openai.APIError:
+                    return None
+
+            answer = wait_for(vectors, 60, "vectors through the gateway", agent)
+            assert [len(d.embedding) for d in answer.data] == [640, 640], "Gemma 3 270M's embedding length"
     finally:
         if agent.proc is not None and agent.proc.poll() is None:
             agent.stop()

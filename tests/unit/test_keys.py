@@ -68,6 +68,28 @@ def test_lint_reports_the_keys_file_beside_the_catalogue(llmgw, tmp_path: Path) 
     assert run.stdout.startswith("keys.yaml:4:14: error[keys-no-model] 'nope' matches no model"), run.stdout
 
 
+def test_plan_refuses_a_keys_file_lint_refuses_and_writes_nothing(llmgw, tmp_path: Path) -> None:
+    write_catalog(tmp_path, {"m.yaml": model_yaml()})
+    (tmp_path / "keys.yaml").write_text(f"keys:\n  - name: a\n    sha256: {A}\n    models: [nope]\n")
+    run = llmgw("plan", cwd=tmp_path)
+    assert run.code == 1, run
+    assert "keys.yaml:4:14: error[keys-no-model] 'nope' matches no model" in run.stderr, run.stderr
+    assert "No plan written" in run.stderr and not (tmp_path / "plan.json").exists(), "plan runs lint"
+    (tmp_path / "keys.yaml").rename(tmp_path / "tenants.yaml")
+    given = llmgw("plan", "--keys", "tenants.yaml", cwd=tmp_path)
+    assert given.code == 1 and "tenants.yaml:4:14: error[keys-no-model]" in given.stderr, given
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_keys_add_refuses_a_model_the_catalogue_lacks_and_writes_nothing(llmgw, tmp_path: Path) -> None:
+    write_catalog(tmp_path, {"m.yaml": model_yaml()})
+    run = llmgw("keys", "add", "chat", "--models", "defualt,llama-*", cwd=tmp_path)
+    assert run.code == 2, run
+    assert "'defualt' matches no model name or alias in catalog/" in run.stderr, run.stderr
+    assert "no key was made" in run.stderr and "sk-llmgw-" not in run.stdout
+    assert not (tmp_path / "keys.yaml").exists()
+
+
 def test_keys_add_prints_the_key_once_and_keeps_comments(llmgw, tmp_path: Path) -> None:
     path = tmp_path / "keys.yaml"
     path.write_text(f"# who may call\nkeys:\n  # search\n  - name: search\n    sha256: {A}\n")
