@@ -593,8 +593,9 @@ def node_command(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from llmgw.node.agent import FilePlan, GatewayPlan, Settings
     from llmgw.node.run import run_node
+    from llmgw.node.runner import Settings
+    from llmgw.node.sources import FilePlan, GatewayPlan
 
     if not node_name:
         raise click.UsageError("--node NAME is required: the name this machine has in the plan.")

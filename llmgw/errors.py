@@ -8,7 +8,7 @@
       DeployRefused         the gateway answered a deploy, and said no (gateway.deploy)
       GiteaError            the pull-request comment could not be posted (gitea)
         ReadOnlyFork        a fork's read-only token: a warning, not a failed job
-      NodeError             the node agent cannot run as asked (node.agent)
+      NodeError             the node agent cannot run as asked (node.runner)
       WeightsError          a replica's weights cannot be had; the agent retries (node.weights)
       InspectError          a GGUF header cannot be fetched or read (header, fetch, inspect)
 

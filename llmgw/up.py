@@ -33,7 +33,7 @@ from llmgw.inventory import entry_yaml, take_inventory
 from llmgw.lifetime import die_with_parent
 from llmgw.lint import LintResult, catalogue_files, lint
 from llmgw.model import DEFAULT_AGENT_PORT
-from llmgw.node.agent import port_is_free
+from llmgw.node.host import port_is_free
 from llmgw.plan import Plan, build_plan, dump_plan, read_plan
 from llmgw.report import REPORTERS
 

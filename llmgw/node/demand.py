@@ -19,7 +19,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw.node.agent import Agent, Runner, available_gb
+from llmgw.node.agent import Agent
+from llmgw.node.host import available_gb
+from llmgw.node.runner import Runner
 
 log = logging.getLogger("llmgw.node")
 

@@ -125,6 +125,6 @@ def test_the_compiler_imports_nothing_of_the_gateway_or_the_node_agent(
 
 
 def test_the_module_list_is_the_package() -> None:
-    assert {"llmgw.engines", "llmgw.node.agent", "llmgw.gateway.server.app", "llmgw.lint"} <= set(MODULES)
+    assert {"llmgw.engines", "llmgw.node.agent", "llmgw.node.runner", "llmgw.gateway.server.app", "llmgw.lint"} <= set(MODULES)
     assert all(Path(REPO, *m.split(".")).with_suffix(".py").exists() or Path(REPO, *m.split(".")).is_dir()
                for m in MODULES)

@@ -1,0 +1,387 @@
+"""One replica's life on this node: weights, start, health, backoff, and for an on-demand
+replica the wait for demand (see the agent's docstring for the states)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llmgw.engines import engine_command, executable_for
+from llmgw.errors import LlmgwError
+from llmgw.node.host import available_gb, port_is_free
+from llmgw.node.process import (
+    EngineProcess,
+    Record,
+    cap_log,
+    drop_record,
+    log_path,
+    log_tail,
+    save_record,
+)
+from llmgw.node.weights import WeightsError, weights_for
+from llmgw.plan import PlanModel, PlanProfile, PlanReplica
+
+log = logging.getLogger("llmgw.node")
+
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 60.0
+# A replica that served this long has earned a fresh start: its next crash waits 1 s again.
+BACKOFF_RESET_AFTER_S = 600.0
+# An exit this soon after the start is the engine refusing its command line or weights,
+# and the message says so with the last lines of its log.
+EXITED_AT_ONCE_S = 10.0
+
+
+
+# What a signal that ended an engine usually means, for the person reading /status.
+_SIGNAL_HINTS = {
+    # A llama.cpp built with -march=native on a virtual machine whose CPU reports AMX the
+    # hypervisor does not enable: it loaded its weights, then died at its first prompt.
+    signal.SIGILL: "the engine's build uses CPU instructions this machine does not run; "
+    "rebuild it for this CPU (for llama.cpp: -DGGML_NATIVE=OFF -DGGML_AVX2=ON)",
+    signal.SIGKILL: "often the kernel's out-of-memory killer: see dmesg",
+}
+
+
+def how_it_ended(exit_code: int | None) -> str:
+    """An engine's end as a person reads it: its exit code, or the signal and what it
+    usually means (a negative code is a signal's number)."""
+    if exit_code is None:
+        return "unknown code"
+    if exit_code >= 0:
+        return f"code {exit_code}"
+    try:
+        sig = signal.Signals(-exit_code)
+    except ValueError:
+        return f"code {exit_code}"
+    hint = _SIGNAL_HINTS.get(sig)
+    return f"code {exit_code}, {sig.name}" + (f": {hint}" if hint else "")
+
+class NodeError(LlmgwError):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    node: str
+    state_dir: Path
+    grace_s: float = 30.0
+    log_limit_bytes: int = 10 * 1024 * 1024
+    health_interval_s: float = 0.5
+    lease_ttl_s: float = 900.0  # a lease its gateway never released lapses after this
+    tick_s: float = 1.0  # how often leases and idle times are looked at
+
+
+@dataclass(frozen=True)
+class Want:
+    """One replica the plan places on this node."""
+
+    key: str  # model/profile/index: stable across plans while the replica is the same one
+    model: PlanModel
+    profile: PlanProfile
+    replica: PlanReplica
+    host: str
+
+    @property
+    def port(self) -> int:
+        assert self.replica.port is not None
+        return self.replica.port
+
+    @property
+    def fingerprint(self) -> str:
+        """What decides whether a running engine still matches the plan: its command line as
+        the plan gives it (the source, not the downloaded path) and the expected weights."""
+        command = engine_command(
+            self.model, self.profile, self.replica, weights=self.model.source, host=self.host
+        )
+        text = json.dumps([command.argv, command.env, self.model.weights_bytes])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Runner:
+    """Keeps one replica running, from weights to ready, restarting it after a backoff."""
+
+    def __init__(self, want: Want, settings: Settings, client: httpx.AsyncClient, counters: Counters) -> None:
+        self.want = want
+        self.settings = settings
+        self.client = client
+        self.counters = counters
+        self.state = "pending"
+        self.message = ""
+        self.warning = ""
+        self.since = time.time()
+        self.restarts = 0
+        self.last_exit: int | None = None
+        self.process: EngineProcess | None = None
+        self.log = log_path(settings.state_dir, want.key)
+        self.task: asyncio.Task[None] | None = None
+        self.starts = 0  # engine processes this agent started for the replica
+        self.load_s: float | None = None  # the last start's seconds to ready
+        self._launched_at: float | None = None
+        # On demand: what keeps it wanted, and what idle time counts from.
+        self.leases: dict[str, float] = {}  # lease id → when it lapses (monotonic)
+        self.waiters = 0  # acquires waiting for it to be ready
+        self.idle_since = time.monotonic()
+        self.last_used: float | None = None  # wall clock: the end of its last lease
+        self.evictions = 0
+        self.idle_stops = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def on_demand(self) -> bool:
+        return self.want.profile.on_demand
+
+    @property
+    def active(self) -> bool:
+        """Its engine runs, or is on its way up, or waits out a backoff to start again."""
+        return self.task is not None and not self.task.done()
+
+    @property
+    def wanted(self) -> bool:
+        """Someone waits for it or has a request in flight: only then is a crash retried."""
+        return self.waiters > 0 or bool(self.leases)
+
+    def start(self, adopted: Record | None) -> None:
+        if self.on_demand and adopted is None:
+            self._set("idle", "not started yet: starts on its first request")
+            return
+        self.idle_since = time.monotonic()  # an adopted engine's idle time starts now
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(adopted), name=f"replica {self.want.key}"
+        )
+
+    def wake(self) -> None:
+        """Start an on-demand engine for a request; the state is no longer `idle` on return,
+        so a caller waiting for `ready` does not mistake the old state for the outcome."""
+        self._set("pending")
+        self.idle_since = time.monotonic()
+        self.task = asyncio.get_running_loop().create_task(self._run(None), name=f"replica {self.want.key}")
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """True once it answers its health check; False when it fails first or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while self.state != "ready":
+            left = deadline - time.monotonic()
+            if self.state in ("failed", "backoff", "idle", "stopping", "stopped") or left <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+        return True
+
+    def _set(self, state: str, message: str = "") -> None:
+        if state != self.state or message != self.message:
+            self.since = time.time()
+            level = logging.WARNING if state in ("failed", "backoff") else logging.INFO
+            log.log(
+                level,
+                "%s %s %s%s",
+                self.want.key,
+                self.want.replica.endpoint,
+                state,
+                f": {message}" if message else "",
+            )
+        if state == "ready" and self.state != "ready" and self._launched_at is not None:
+            self.load_s = round(time.monotonic() - self._launched_at, 3)
+            self._launched_at = None
+            self.idle_since = time.monotonic()  # with no request yet, idle time counts from ready
+        self.state, self.message = state, message
+        self._changed.set()
+
+    async def _run(self, adopted: Record | None) -> None:
+        delay = BACKOFF_FIRST_S
+        while True:
+            ready_for = await self._attempt(adopted)
+            adopted = None
+            if self.on_demand and not self.wanted:
+                # Retrying an engine nobody asks for would hold its memory for nothing; the
+                # next acquire starts it again, and the message says what went wrong.
+                self.process = None
+                self._set("idle", self.message)
+                return
+            if ready_for >= BACKOFF_RESET_AFTER_S:
+                delay = BACKOFF_FIRST_S
+            if self.state != "failed":  # a failure before the start stays "failed" while it waits
+                self._set("backoff", self.message)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+            self.restarts += 1
+
+    async def _attempt(self, adopted: Record | None) -> float:
+        """One life of the engine; returns how long it was ready."""
+        want = self.want
+        if adopted is not None:
+            self.process = EngineProcess(adopted.pid, adopted.start_time)
+            log.info("%s adopted the running engine (pid %d)", want.key, adopted.pid)
+        else:
+            process = await self._launch()
+            if process is None:
+                return 0.0
+            self.process = process
+        return await self._watch(self.process)
+
+    async def _launch(self) -> EngineProcess | None:
+        want = self.want
+        self._launched_at = time.monotonic()
+        self._set("downloading")
+        try:
+            weights = await asyncio.to_thread(
+                weights_for, want.model, self.settings.state_dir / "weights", self.counters.add_download
+            )
+        except WeightsError as exc:
+            self._set("failed", str(exc))
+            return None
+        executable, why = executable_for(want.profile.engine)
+        if executable is None:
+            self._set("failed", why)
+            return None
+        command = engine_command(
+            want.model, want.profile, want.replica, weights=weights, host=want.host, executable=executable
+        )
+        if not port_is_free(want.host, want.port):
+            self._set(
+                "failed",
+                f"port {want.port} on {want.host} is held by another process; stop it, or give this node "
+                "another port range in the fleet file and plan again.",
+            )
+            return None
+        self.warning = self._memory_warning()
+        self._set("starting")
+        try:
+            process = EngineProcess.spawn(command.argv, command.env, self.log)
+        except OSError as exc:
+            self._set("failed", f"{command.argv[0]} could not be started: {exc.strerror or exc}.")
+            return None
+        self.starts += 1
+        if process.started is not None:
+            save_record(
+                self.settings.state_dir,
+                Record(want.key, process.pid, process.started, command.argv, want.fingerprint),
+            )
+        return process
+
+    def _memory_warning(self) -> str:
+        memory = self.want.profile.memory
+        free = available_gb()
+        if memory is None or free is None or free >= memory.gb:
+            return ""
+        warning = (
+            f"this node has {free:.1f} GB available and the plan says a replica needs {memory.gb:g} GB: "
+            "it may fail to load or push other processes into swap."
+        )
+        log.warning("%s %s", self.want.key, warning)
+        return warning
+
+    async def _watch(self, process: EngineProcess) -> float:
+        started = time.monotonic()
+        ready_at: float | None = None
+        url = f"http://{self.want.host}:{self.want.port}/health"
+        if ":" in self.want.host:
+            url = f"http://[{self.want.host}]:{self.want.port}/health"
+        checks = 0
+        while process.alive():
+            state = await self._health(url)
+            if state == "ready" and ready_at is None:
+                ready_at = time.monotonic()
+            self._set(state)
+            checks += 1
+            if checks % 20 == 0:
+                cap_log(self.log, self.settings.log_limit_bytes)
+            await asyncio.sleep(self.settings.health_interval_s if ready_at is None else 2.0)
+        self.last_exit = process.exit_code
+        drop_record(self.settings.state_dir, self.want.key)
+        code = how_it_ended(process.exit_code)
+        tail = log_tail(self.log)
+        ran = time.monotonic() - started
+        if ran < EXITED_AT_ONCE_S and ready_at is None:
+            self.message = f"the engine exited at once ({code}); its log ends: {tail or '(empty)'}"
+        else:
+            self.message = f"the engine exited ({code}) after {ran:.0f} s; its log ends: {tail or '(empty)'}"
+        log.warning("%s %s", self.want.key, self.message)
+        return 0.0 if ready_at is None else time.monotonic() - ready_at
+
+    async def _health(self, url: str) -> str:
+        try:
+            answer = await self.client.get(url, timeout=2.0)
+        except httpx.HTTPError:
+            return "starting"
+        if answer.status_code == 200:
+            return "ready"
+        return "loading"
+
+    async def stop(self) -> None:
+        """Stop the engine because the plan no longer has it (or the agent stops)."""
+        await self._halt()
+        self._set("stopped")
+
+    async def park(self, message: str) -> None:
+        """Stop an on-demand engine until it is asked for again."""
+        await self._halt()
+        self._set("idle", message)
+
+    async def _halt(self) -> None:
+        """SIGTERM to the engine's process group, SIGKILL after the grace period."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        process = self.process
+        if process is not None and process.alive():
+            self._set("stopping")
+            process.signal(15)
+            if not await asyncio.to_thread(process.wait_gone, self.settings.grace_s):
+                log.warning("%s did not stop within %g s; killing it", self.want.key, self.settings.grace_s)
+                process.signal(9)
+                await asyncio.to_thread(process.wait_gone, 10.0)
+        drop_record(self.settings.state_dir, self.want.key)
+        self.process = None
+
+    def status(self) -> dict[str, Any]:
+        want = self.want
+        message = "; ".join(m for m in (self.message, self.warning) if m)
+        return {
+            "model": want.model.name,
+            "profile": want.profile.name,
+            "endpoint": want.replica.endpoint,
+            "port": want.port,
+            "state": self.state,
+            "pid": self.process.pid
+            if self.process is not None and self.state not in ("backoff", "failed", "idle", "stopped")
+            else None,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
+            "message": message or None,
+            "log": str(self.log),
+            "start": "on-demand" if self.on_demand else "always",
+            # The agent sees an always-on replica's requests no more than the gateway tells it:
+            # unknown, which is not zero.
+            "in_flight": len(self.leases) if self.on_demand else None,
+            "last_used": _utc(self.last_used),
+            "starts": self.starts,
+            "evictions": self.evictions,
+            "idle_stops": self.idle_stops,
+            "load_s": self.load_s,
+        }
+
+
+def _utc(when: float | None) -> str | None:
+    return None if when is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.download_bytes = 0
+
+    def add_download(self, n: int) -> None:
+        self.download_bytes += n  # from a download thread; an int add is atomic under the GIL
