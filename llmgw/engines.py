@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from urllib.parse import urlparse
 
+from llmgw.hub import hub_source
 from llmgw.plan import PlanModel, PlanProfile, PlanReplica
 
 DEFAULT_EXECUTABLES = {"llamacpp": "llama-server", "vllm": "vllm"}
@@ -73,10 +74,10 @@ class EngineCommand:
 def fetched_weights(source: str, directory: str) -> str | None:
     """Where `llmgw fetch SOURCE --into DIRECTORY` leaves a model's weights: what a renderer
     hands the engine. None for a local path, which only the machine that has it can read."""
-    if source.startswith("hf://"):
-        parts = [p for p in source[len("hf://") :].split("/") if p]
+    hub = hub_source(source)
+    if hub is not None:
         # A repository is fetched whole, and vLLM is given its folder.
-        return "/".join([directory, *parts[2:]])
+        return directory if hub.filename is None else f"{directory}/{hub.filename}"
     if source.startswith(("https://", "http://")):
         return f"{directory}/{PurePosixPath(urlparse(source).path).name or 'weights'}"
     return None

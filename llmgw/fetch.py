@@ -20,16 +20,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
-from urllib.parse import urlparse
 
 import httpx
 
 from llmgw.errors import InspectError
 from llmgw.header import Stream
+from llmgw.hub import PREFIX, auth_headers, hub_source
 
 FIRST_RANGE = 1 << 20
 LARGEST_RANGE = 16 << 20
-DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 # A header is a few MB: past this many seconds in all, the server is trickling, and lint or a
 # person at a terminal should hear so rather than wait. Each read also has httpx's 30 s timeout.
 DEFAULT_FETCH_DEADLINE = 60.0
@@ -46,7 +45,7 @@ class Opened:
 @contextmanager
 def open_source(text: str, base_dir: Path | None = None) -> Iterator[Opened]:
     """`base_dir` resolves a relative path, as a model file's own folder does for its source."""
-    if text.startswith("hf://"):
+    if text.startswith(PREFIX):
         url, where = hub_url(text), text
     elif text.startswith(("https://", "http://")):
         url, where = text, text
@@ -55,7 +54,7 @@ def open_source(text: str, base_dir: Path | None = None) -> Iterator[Opened]:
             yield opened
         return
     with httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0)) as client:
-        ranges = _Ranges(client, url, _auth_headers(url), where)
+        ranges = _Ranges(client, url, auth_headers(url), where)
         try:
             ranges.start()
             yield Opened(ranges, ranges.size, where)
@@ -64,26 +63,15 @@ def open_source(text: str, base_dir: Path | None = None) -> Iterator[Opened]:
 
 
 def hub_url(text: str) -> str:
-    parts = [p for p in text[len("hf://") :].split("/") if p]
-    if len(parts) < 3:
+    hub = hub_source(text)
+    assert hub is not None
+    if hub.filename is None:
         raise InspectError(
             f"{text} names a repository, not a file: inspect reads one GGUF file. Add the file's "
-            f"name, as in hf://{'/'.join(parts) or 'org/repo'}/model-Q4_K_M.gguf (the hub's file list "
-            "shows the names)."
+            f"name, as in {hub.repository if hub.repo_id else 'hf://org/repo'}/model-Q4_K_M.gguf "
+            "(the hub's file list shows the names)."
         )
-    return f"{hub_endpoint()}/{parts[0]}/{parts[1]}/resolve/main/{'/'.join(parts[2:])}"
-
-
-def hub_endpoint() -> str:
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/")
-
-
-def _auth_headers(url: str) -> dict[str, str]:
-    # The token goes to the hub only: an https:// source elsewhere must not receive it.
-    token = os.environ.get("HF_TOKEN")
-    if not token or urlparse(url).hostname not in {urlparse(hub_endpoint()).hostname, "hf.co"}:
-        return {}
-    return {"Authorization": f"Bearer {token}"}
+    return hub.url()
 
 
 @contextmanager
@@ -210,7 +198,7 @@ def _fetch_deadline() -> float:
 
 def _refusal(status: int, where: str) -> str:
     if status in (401, 403):
-        hub = where.startswith("hf://")
+        hub = where.startswith(PREFIX)
         return f"{where} was refused ({status}): the repository is private or gated. " + (
             "Accept its terms on the hub, then set HF_TOKEN to a token that may read it."
             if hub

@@ -8,6 +8,8 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlparse
 
+from llmgw.hub import hub_source
+
 Format = Literal["gguf", "safetensors", "bin", "repository", "unknown"]
 
 WEIGHT_SUFFIXES = {".gguf": "gguf", ".safetensors": "safetensors", ".bin": "bin"}
@@ -56,12 +58,11 @@ class Source:
 
 def classify_source(text: str, base_dir: Path) -> Source:
     """Local paths are relative to the model file's own folder, like its $schema comment."""
-    if text.startswith("hf://"):
-        parts = [p for p in text[len("hf://") :].split("/") if p]
-        repository = "hf://" + "/".join(parts[:2])
-        if len(parts) <= 2:
-            return Source(text, "hf-repo", "repository", "", None, repository, None)
-        return _file_source(text, "hf-file", parts[-1], repository, None)
+    hub = hub_source(text)
+    if hub is not None:
+        if hub.filename is None:
+            return Source(text, "hf-repo", "repository", "", None, hub.repository, None)
+        return _file_source(text, "hf-file", PurePosixPath(hub.filename).name, hub.repository, None)
     if text.startswith(("https://", "http://")):
         name = PurePosixPath(urlparse(text).path).name
         return _file_source(text, "url", name, None, None)

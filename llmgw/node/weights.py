@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 import httpx
 
 from llmgw.errors import LlmgwError
+from llmgw.hub import auth_headers, hub_source
 from llmgw.plan import PlanModel
 
 Progress = Callable[[int], None]  # called with each block's size in bytes
@@ -33,11 +34,11 @@ class WeightsError(LlmgwError):
 def weights_for(model: PlanModel, cache: Path, progress: Progress | None = None) -> str:
     """What the engine is handed: a file on this node, or a repository id for vLLM."""
     source = model.source
-    if source.startswith("hf://"):
-        parts = [p for p in source[len("hf://") :].split("/") if p]
-        if len(parts) <= 2:
-            return "/".join(parts)  # a repository id: vLLM downloads it itself
-        return _from_hub("/".join(parts[:2]), "/".join(parts[2:]), progress)
+    hub = hub_source(source)
+    if hub is not None:
+        if hub.filename is None:
+            return hub.repo_id  # a repository id: vLLM downloads it itself
+        return _from_hub(hub.repo_id, hub.filename, progress)
     if source.startswith(("https://", "http://")):
         return str(_from_url(source, cache, model.weights_bytes, progress))
     path = Path(source)
@@ -55,9 +56,9 @@ def fetch_into(source: str, directory: Path, expected: int | None = None) -> Pat
     """Download a model's weights into `directory`, at the path `engines.fetched_weights`
     names, for an engine in a container (Kubernetes' init container). A file already there
     whole is kept, so a pod restarted on a node with a persistent volume starts at once."""
-    if source.startswith("hf://"):
-        parts = [p for p in source[len("hf://") :].split("/") if p]
-        return _into_from_hub("/".join(parts[:2]), "/".join(parts[2:]) or None, directory)
+    hub = hub_source(source)
+    if hub is not None:
+        return _into_from_hub(hub.repo_id, hub.filename, directory)
     if source.startswith(("https://", "http://")):
         name = PurePosixPath(urlparse(source).path).name or "weights"
         return _download_whole(source, directory / name, expected, None)
@@ -123,7 +124,7 @@ def _download_whole(url: str, target: Path, expected: int | None, progress: Prog
         return target
     folder.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(name + ".part")
-    headers = {"Authorization": f"Bearer {os.environ['HF_TOKEN']}"} if _is_hub(url) else {}
+    headers = auth_headers(url)
     # A few tries within one fetch, each resuming where the last stopped; past them the
     # agent's backoff tries again, still resuming, so a flaky link costs time, never bytes.
     for attempt in range(3):
@@ -146,10 +147,6 @@ def _download_whole(url: str, target: Path, expected: int | None, progress: Prog
         )
     os.replace(partial, target)
     return target
-
-
-def _is_hub(url: str) -> bool:
-    return "HF_TOKEN" in os.environ and urlparse(url).hostname in ("huggingface.co", "hf.co")
 
 
 def _download(url: str, partial: Path, headers: dict[str, str], progress: Progress | None) -> None:
