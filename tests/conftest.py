@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,30 @@ def llmgw_env(**extra: str) -> dict[str, str]:
 
 
 def run_llmgw(*args: str | Path, cwd: Path | None = None, **env: str) -> Run:
+    """The CLI as a user runs it, in this process: what it printed and its exit code.
+
+    In-process because a fresh interpreter per command cost about 2 s each, over seventy
+    tests; `run_llmgw_process` is the real `python -m llmgw`, kept for the few tests that
+    need a process of its own. A traceback, which a user would see, lands in stderr as it
+    would there, and exits 1.
+    """
+    from click.testing import CliRunner
+
+    from llmgw.cli import main
+
+    argv = [str(a) for a in args]
+    environment = {k: v for k, v in llmgw_env(**env).items() if os.environ.get(k) != v}
+    environment.update({k: None for k in os.environ if k not in llmgw_env(**env)})
+    with contextlib.chdir(cwd or REPO):
+        result = CliRunner().invoke(main, argv, env=environment, prog_name="llmgw")
+    stderr = result.stderr
+    if result.exc_info is not None and not issubclass(result.exc_info[0], SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return Run(argv, result.exit_code, result.stdout, stderr)
+
+
+def run_llmgw_process(*args: str | Path, cwd: Path | None = None, **env: str) -> Run:
+    """`python -m llmgw ARGS` in a process of its own."""
     argv = [str(a) for a in args]
     proc = subprocess.run(
         [sys.executable, "-m", "llmgw", *argv],

@@ -7,22 +7,23 @@ import os
 import stat
 import threading
 
-from tests.conftest import write_catalog
+from tests.conftest import run_llmgw_process, write_catalog
 from tests.unit.helpers import model_yaml
 
 SHARD = "hf://org/r/model-00001-of-00002.gguf"
 
 
-def test_bundled_catalogue_lints_clean(llmgw):
-    run = llmgw("lint")
+def test_bundled_catalogue_lints_clean():
+    # End to end, as CI's workflow runs it: `python -m llmgw` in a process of its own.
+    run = run_llmgw_process("lint")
     assert run.code == 0, run
     assert run.stdout == ""
     assert "9 model file(s) checked: no findings." in run.stderr
 
 
-def test_errors_exit_1_and_print_like_a_compiler(llmgw, tmp_path):
+def test_errors_exit_1_and_print_like_a_compiler(tmp_path):
     catalog, fleet = write_catalog(tmp_path, {"x.yaml": model_yaml(source=SHARD)})
-    run = llmgw("lint", "catalog", "--fleet", "fleet.yaml", cwd=tmp_path)
+    run = run_llmgw_process("lint", "catalog", "--fleet", "fleet.yaml", cwd=tmp_path)
     assert run.code == 1, run
     assert run.stdout.startswith("catalog/x.yaml:2:9: error[sharded-source] ")
     assert "1 error(s), 0 warning(s)" in run.stderr
