@@ -21,6 +21,8 @@ from llmgw.keys import add_key, catalogue_names, lint_keys, patterns_matching_no
 from llmgw.lint import LintResult, lint
 from llmgw.plan import KubernetesTarget, build_plan, dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
+from llmgw.report.diff_formats import DIFF_REPORTERS
+from llmgw.report.inspect_formats import INSPECT_REPORTERS
 
 # Exit codes shared by every command.
 EXIT_OK, EXIT_FINDINGS, EXIT_CANNOT_RUN = 0, 1, 2
@@ -253,7 +255,7 @@ def _write_atomically(path: Path, text: str) -> None:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["json", "text", "yaml"]),
+    type=click.Choice(sorted(INSPECT_REPORTERS)),
     default="text",
     show_default=True,
 )
@@ -270,7 +272,6 @@ def inspect_command(source: str, fmt: str, write: bool) -> None:
     of a remote file, by HTTP Range requests (HF_TOKEN and HF_ENDPOINT apply to hf://).
     """
     from llmgw.inspect import inspect, is_model_file, model_file_source, write_facts
-    from llmgw.report.inspect_formats import INSPECT_REPORTERS
 
     model_file = Path(source) if is_model_file(source) else None
     if write and model_file is None:
@@ -302,7 +303,7 @@ def inspect_command(source: str, fmt: str, write: bool) -> None:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["json", "markdown", "text"]),
+    type=click.Choice(sorted(DIFF_REPORTERS)),
     default="text",
     show_default=True,
 )
@@ -317,7 +318,6 @@ def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> Non
     An empty OLD (such as /dev/null) stands for no plan: everything is added.
     """
     from llmgw.diff import diff_plans, read_new_side, read_side
-    from llmgw.report.diff_formats import DIFF_REPORTERS
 
     try:
         changes = diff_plans(read_side(old), read_new_side(new))
