@@ -20,6 +20,7 @@ from typing import Any
 import falcon.asgi
 
 from llmgw.gateway.errors import ApiError
+from llmgw.gateway.request.context import context_of
 from llmgw.gateway.request.routing import Model, RouteTable
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Keys, Tenant
@@ -66,16 +67,11 @@ class Access:
         self._ids = count(1)
 
     async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        ctx = req.context
+        ctx = context_of(req)
         ctx.start = time.perf_counter()
         given = req.get_header("X-Request-Id")
         ctx.request_id = given if given and _plausible_id(given) else f"{self._prefix}{next(self._ids)}"
         ctx.table = self.state.table
-        ctx.model = None
-        ctx.replica = None
-        ctx.ttfb = None
-        ctx.streaming = False
-        ctx.tenant = None
         ctx.api = is_api_path(req.path)
         if ctx.api and self.keys is not None:
             ctx.tenant = self._check_key(req.get_header("Authorization"))
@@ -126,8 +122,8 @@ class Access:
         # Browsers must take each answer for the type it says: an engine's text guessed to
         # be HTML would run as a page of the gateway's origin, beside the dashboard.
         resp.set_header("X-Content-Type-Options", "nosniff")
-        ctx = req.context
-        if not hasattr(ctx, "request_id"):  # process_request never ran (falcon refused early)
+        ctx = context_of(req)
+        if not ctx.request_id:  # process_request never ran (falcon refused early)
             return
         resp.set_header("X-Request-Id", ctx.request_id)
         if ctx.api:
@@ -136,7 +132,7 @@ class Access:
             self.finish(req, resp.status_code)
 
     def finish(self, req: falcon.asgi.Request, status: int) -> None:
-        ctx = req.context
+        ctx = context_of(req)
         duration = time.perf_counter() - ctx.start
         if ctx.api:
             model = ctx.model or "unknown"

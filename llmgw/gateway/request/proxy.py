@@ -46,6 +46,7 @@ from llmgw.gateway.request.body import (
     read_body,
     wrong_endpoint,
 )
+from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
 from llmgw.gateway.request.limits import Limiter
@@ -121,7 +122,7 @@ class Proxy:
         self.retry_after = str(max(1, math.ceil(settings.health_interval)))
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        ctx = req.context
+        ctx = context_of(req)
         body = await read_body(
             req,
             self.limit,
@@ -166,7 +167,7 @@ class Proxy:
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 resp.content_type = "text/event-stream"
                 # Its first event is in hand (`_open` timed it): that is the first token.
-                metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb)
+                metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb or 0.0)
                 rename = EventRename(requested, meter)
                 answer.first = rename.feed(answer.first)
             else:
@@ -210,7 +211,7 @@ class Proxy:
         requested: str,
         request: dict[str, Any],
         body: bytes,
-        ctx: Any,
+        ctx: RequestContext,
         watch: Disconnect,
         key: Callable[[], int | None],
     ) -> Answer:

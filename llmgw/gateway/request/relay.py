@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import falcon.asgi
 import httpx
 
 from llmgw.gateway.errors import error_body
 from llmgw.gateway.request.access import Access
+from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, STALLED, Disconnect
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.rename import EventRename, JsonRename
@@ -255,11 +256,11 @@ class Relay:
         try:
             await self.answer.drop()
         finally:
-            count_tokens(self.req.context, self.meter, self.upstream.status_code, self.proxy.limiter)
+            count_tokens(context_of(self.req), self.meter, self.upstream.status_code, self.proxy.limiter)
             self.proxy.access.finish(self.req, self.status)
 
 
-def count_tokens(ctx: Any, meter: Meter, status: int, limiter: Limiter | None) -> None:
+def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limiter | None) -> None:
     """Count an ended answer's tokens in the metrics, and charge its key for them."""
     try:
         meter.finish()
@@ -273,9 +274,10 @@ def count_tokens(ctx: Any, meter: Meter, status: int, limiter: Limiter | None) -
             return  # the engine refused the request: nothing was generated
         tenant = ctx.tenant
         key = tenant.name if tenant is not None else "-"
-        metrics.labelled(metrics.TOKENS, ctx.model, key, "prompt").inc(prompt)
+        model = ctx.model or "unknown"
+        metrics.labelled(metrics.TOKENS, model, key, "prompt").inc(prompt)
         if completion:
-            metrics.labelled(metrics.TOKENS, ctx.model, key, "completion").inc(completion)
+            metrics.labelled(metrics.TOKENS, model, key, "completion").inc(completion)
         if tenant is not None and limiter is not None:
             limiter.charge(tenant, prompt + completion)
     except Exception:  # a miscount must not lose the access log line and metrics

@@ -30,6 +30,7 @@ from llmgw.gateway.pages.resources import (
     Readyz,
 )
 from llmgw.gateway.request.access import Access
+from llmgw.gateway.request.context import Request
 from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.proxy import Proxy
@@ -152,7 +153,8 @@ def create_app(
     limiter = Limiter(shared) if settings.keys_file is not None else None
     samples = Samples(shared)
 
-    app = _App(middleware=[Lifecycle(state, health, upstream, settings, keys, samples), access])
+    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples)
+    app = _App(request_type=Request, middleware=[lifecycle, access])
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)
