@@ -5,8 +5,9 @@ Its folders draw a request's path, from the socket to the engine and back:
 server/     the process: `llmgw serve` (gunicorn), the worker's connection limits, settings
             from the environment, the app factory and the ASGI entry gunicorn loads
 request/    one request's path: its typed context, access (request ids, keys, access log),
-            reading and checking the body (body), a client's leaving (gone), routing (names, aliases, tiers, replicas), on-demand starts, the retry
-            loop (proxy), the relay of answers (relay), the upstream connection pool, limits, usage
+            reading and checking the body (body), a client's leaving (gone), routing (names,
+            aliases, tiers, replicas), on-demand starts (demand), the retry loop (proxy), the
+            relay of answers (relay), the upstream connection pool, limits, usage
 state/      what changes under the requests: the served plan and its reloads, DNS discovery,
             health checks, keys, outlier ejection, rates, metrics
 pages/      what people read: listing, readiness and admin resources, the dashboard, OpenAPI
