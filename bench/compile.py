@@ -37,8 +37,9 @@ REPO = Path(__file__).resolve().parent.parent
 # Runs from a checkout whether or not llmgw is installed.
 sys.path.insert(0, str(REPO))
 
+from llmgw.build import build_plan  # noqa: E402
 from llmgw.lint import lint  # noqa: E402
-from llmgw.plan import build_plan, dump_plan  # noqa: E402
+from llmgw.plan import dump_plan  # noqa: E402
 
 MODEL = """\
 # yaml-language-server: $schema=../schema/model.schema.json

@@ -28,9 +28,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llmgw.build import build_plan  # noqa: E402
 from llmgw.engines import engine_command  # noqa: E402
 from llmgw.lint import lint  # noqa: E402
-from llmgw.plan import Plan, build_plan, dump_plan, parse_plan  # noqa: E402
+from llmgw.plan import Plan, dump_plan, parse_plan  # noqa: E402
 
 PORT = 18790
 FLEET = "nodes:\n  - {name: local, address: 127.0.0.1, memory_gb: 16, engines: [llamacpp]}\n"

@@ -16,10 +16,11 @@ import click
 
 from llmgw import __version__
 from llmgw.atomic import replace_file
+from llmgw.build import KubernetesTarget, build_plan
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.keys import add_key, catalogue_names, lint_keys, patterns_matching_nothing
 from llmgw.lint import LintResult, lint
-from llmgw.plan import KubernetesTarget, build_plan, dump_plan, read_plan, read_previous
+from llmgw.plan import dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
 from llmgw.report.diff_formats import DIFF_REPORTERS
 from llmgw.report.inspect_formats import INSPECT_REPORTERS

@@ -17,8 +17,9 @@ from typing import Any
 
 import httpx
 
+from llmgw.build import build_plan
 from llmgw.lint import lint
-from llmgw.plan import build_plan, dump_plan, read_plan
+from llmgw.plan import dump_plan, read_plan
 from tests.gateway.harness import ROOT, free_port
 
 STAND_IN = Path(__file__).with_name("stand_in_engine.py")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-from llmgw.plan import Plan, read_plan, workload_names
+from llmgw.build import workload_names
+from llmgw.plan import Plan, read_plan
 from llmgw.schema import validator
 from tests.conftest import write_catalog
 from tests.unit.helpers import model_yaml

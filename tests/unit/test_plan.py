@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
+from llmgw.build import build_plan
 from llmgw.errors import PlanError
-from llmgw.plan import build_plan, dump_plan, parse_plan, plan_digest
+from llmgw.plan import dump_plan, parse_plan, plan_digest
 from llmgw.schema import validator
 from tests.conftest import REPO, write_catalog
 from tests.unit.helpers import model_yaml

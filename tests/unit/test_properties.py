@@ -8,9 +8,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from llmgw.build import build_plan
 from llmgw.lint import lint
 from llmgw.load import load_document
-from llmgw.plan import build_plan
 from tests.conftest import write_catalog
 
 SETTINGS = settings(max_examples=40, deadline=None,
