@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw import __version__
+from llmgw.catalogue import Entry
 from llmgw.lint import LintResult
 from llmgw.model import Node
 from llmgw.place import Slot
 from llmgw.plan import FORMAT_VERSION, Plan, cycle_collector_paused, file_sha256, plan_digest
-from llmgw.rules import Entry
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 
 from llmgw.atomic import replace_file
+from llmgw.catalogue import Entry
 from llmgw.errors import UsageError
 from llmgw.findings import Finding
 from llmgw.lint import catalogue_files
 from llmgw.load import Document, load_document
 from llmgw.nesting import too_deep_at, too_deep_sentence
-from llmgw.rules import Entry
 from llmgw.validate import check_document
 
 MODELINE = "# yaml-language-server: $schema=schema/keys.schema.json\n"

@@ -12,13 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw.catalogue import Entry
 from llmgw.errors import FleetError, UsageError
 from llmgw.findings import Finding, count
 from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec, Node
 from llmgw.place import Placement, place
 from llmgw.plan import Plan, cycle_collector_paused, file_sha256
-from llmgw.rules import Context, Entry, demand, run_rules
+from llmgw.rules import demand, run_rules
+from llmgw.rules.context import Context
 from llmgw.validate import check_document, schema_findings
 
 MODEL_SUFFIXES = (".yaml", ".yml")

@@ -16,17 +16,40 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw.catalogue import Entry
 from llmgw.findings import Finding
 from llmgw.model import GPU_ENGINES, Fleet, Node, Profile
 from llmgw.plan import Plan
-from llmgw.rules import Entry
-from llmgw.rules.memory import capacity_gb, room_on
 
 ReplicaKey = tuple[str, str, int]  # model, profile, index
 
 # Nodes by what they say of a profile's engine. A node that reports nothing is an older
 # agent (unknown, not "none"), so it comes before one that says it lacks the engine.
 REPORTS_ENGINE, REPORTS_NOTHING, LACKS_ENGINE = 0, 1, 2
+
+
+def capacity_gb(node: Node, profile: Profile) -> float:
+    """What one replica of `profile` can use on `node`: GPU memory when it asks for GPUs."""
+    gpus = profile.gpus_needed
+    if gpus:
+        return node.gpu_memory_gb * min(gpus, node.gpu_count)
+    return node.memory_gb
+
+
+def room_on(node: Node, profile: Profile) -> str:
+    """`cpu-2, has 32 GB`, or for GPUs how the figure is made, since "2 GPU(s) of 160 GB" once
+    read as two 160 GB cards: `gpu-2, gives it 80 GB: 1 of its 2 GPUs of 80 GB each`."""
+    if not profile.gpus_needed:
+        return f"{node.name}, has {node.memory_gb:g} GB"
+    used = min(profile.gpus_needed, node.gpu_count)
+    each = f"{node.gpu_memory_gb:g} GB each"
+    cards = f"GPU{'' if node.gpu_count == 1 else 's'}"
+    share = (
+        f"its {node.gpu_count} {cards} of {each}"
+        if used == node.gpu_count
+        else (f"{used} of its {node.gpu_count} {cards} of {each}, as the profile asks for {used}")
+    )
+    return f"{node.name}, gives it {capacity_gb(node, profile):g} GB: {share}"
 
 
 def engine_tier(reports: bool | None) -> int:

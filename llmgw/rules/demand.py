@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from llmgw.catalogue import Entry
 from llmgw.findings import Finding
-from llmgw.rules import Context, Entry
+from llmgw.rules.context import Context
 
 
 def check(ctx: Context) -> Iterator[Finding]:

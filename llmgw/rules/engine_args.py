@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from llmgw.catalogue import Entry
 from llmgw.errors import InspectError
 from llmgw.findings import Finding, Severity
 from llmgw.header import Header
-from llmgw.rules import Context, Entry
+from llmgw.rules.context import Context
 
 # llama.cpp's enum llama_pooling_type, as a GGUF stores it.
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from llmgw.catalogue import Entry
 from llmgw.findings import Finding
-from llmgw.rules import Context, Entry
+from llmgw.rules.context import Context
 
 _PLACEMENT_KEYS = ("replicas", "gpus", "min_memory_gb", "node_selector")
 

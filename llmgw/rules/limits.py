@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from llmgw.catalogue import Entry
 from llmgw.errors import InspectError
 from llmgw.findings import Finding
-from llmgw.rules import Context, Entry
+from llmgw.rules.context import Context
 
 
 def check(ctx: Context) -> Iterator[Finding]:

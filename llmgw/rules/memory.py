@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from llmgw.catalogue import Entry
 from llmgw.findings import Finding
-from llmgw.model import Node, Profile
-from llmgw.rules import Context, Entry
+from llmgw.rules.context import Context
 
 
 def check(ctx: Context) -> Iterator[Finding]:
@@ -20,30 +20,6 @@ def check(ctx: Context) -> Iterator[Finding]:
             yield entry.doc.finding(
                 "error", "memory-unknown", entry.profile_path(profile), _unknown_message(entry)
             )
-
-
-def capacity_gb(node: Node, profile: Profile) -> float:
-    """What one replica of `profile` can use on `node`: GPU memory when it asks for GPUs."""
-    gpus = profile.gpus_needed
-    if gpus:
-        return node.gpu_memory_gb * min(gpus, node.gpu_count)
-    return node.memory_gb
-
-
-def room_on(node: Node, profile: Profile) -> str:
-    """`cpu-2, has 32 GB`, or for GPUs how the figure is made, since "2 GPU(s) of 160 GB" once
-    read as two 160 GB cards: `gpu-2, gives it 80 GB: 1 of its 2 GPUs of 80 GB each`."""
-    if not profile.gpus_needed:
-        return f"{node.name}, has {node.memory_gb:g} GB"
-    used = min(profile.gpus_needed, node.gpu_count)
-    each = f"{node.gpu_memory_gb:g} GB each"
-    cards = f"GPU{'' if node.gpu_count == 1 else 's'}"
-    share = (
-        f"its {node.gpu_count} {cards} of {each}"
-        if used == node.gpu_count
-        else (f"{used} of its {node.gpu_count} {cards} of {each}, as the profile asks for {used}")
-    )
-    return f"{node.name}, gives it {capacity_gb(node, profile):g} GB: {share}"
 
 
 def _unknown_message(entry: Entry) -> str:

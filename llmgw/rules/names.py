@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from llmgw.catalogue import Entry
 from llmgw.findings import Finding
-from llmgw.rules import Context, Entry
+from llmgw.rules.context import Context
 
 
 def check(ctx: Context) -> Iterator[Finding]:

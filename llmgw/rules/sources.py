@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from llmgw.catalogue import Entry
 from llmgw.findings import Finding
-from llmgw.rules import Context, Entry
+from llmgw.rules.context import Context
 from llmgw.source import READERS
 
 

@@ -1,0 +1,79 @@
+"""One valid model file, with what was learned about it: its source, its GGUF header when
+the file is on disk, the architecture and memory estimate made from them.
+
+Lint's rules and placement both read these; neither owns them, so they sit beneath both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llmgw.errors import InspectError
+from llmgw.load import Document
+from llmgw.memory import Memory, memory_for
+from llmgw.model import Architecture, ModelSpec, Profile
+from llmgw.source import Source, classify_source, local_weights_bytes
+
+if TYPE_CHECKING:
+    from llmgw.header import Header
+
+
+@dataclass
+class Entry:
+    """One valid model file: the document (for positions) and what it says."""
+
+    doc: Document
+    spec: ModelSpec
+    base_dir: Path
+
+    @cached_property
+    def source(self) -> Source:
+        return classify_source(self.spec.source, self.base_dir)
+
+    @cached_property
+    def weights_bytes(self) -> int | None:
+        return self.spec.weights_bytes or local_weights_bytes(self.source)
+
+    @cached_property
+    def header(self) -> Header | InspectError | None:
+        """A local GGUF's header, when the model file has no architecture written.
+
+        Lint stays offline and depends only on what is on disk: a remote source is never
+        fetched here, and a header that cannot be read is an answer (the error), not a crash.
+        """
+        src = self.source
+        if self.spec.architecture is not None or src.format != "gguf" or src.local is None:
+            return None
+        if not src.local.is_file():
+            return None
+        from llmgw.inspect import inspect
+
+        try:
+            return inspect(src.text, base_dir=self.base_dir).header
+        except InspectError as exc:
+            return exc
+
+    @cached_property
+    def architecture(self) -> tuple[Architecture | None, str]:
+        """The architecture the estimate uses, and where it came from."""
+        if self.spec.architecture is not None:
+            return self.spec.architecture, "the model file"
+        header = self.header
+        if header is None or isinstance(header, InspectError):
+            return None, "nowhere"
+        from llmgw.inspect import architecture_block
+
+        block = architecture_block(header)
+        if block is None:
+            return None, "nowhere"
+        return Architecture.model_validate(block), "the GGUF header"
+
+    def memory(self, profile: Profile) -> Memory | None:
+        arch, where = self.architecture
+        return memory_for(self.spec, profile, self.weights_bytes, arch, where)
+
+    def profile_path(self, profile: Profile) -> tuple[str | int, ...]:
+        return ("profiles", self.spec.profiles.index(profile))
