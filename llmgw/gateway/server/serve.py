@@ -9,6 +9,7 @@ loads the plan and the keys, checks health and watches both files on its own.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -59,12 +60,41 @@ def serve_environment(plan: Path, base: Mapping[str, str] | None = None) -> dict
     if env.get("PROMETHEUS_MULTIPROC_DIR"):
         env.pop(MADE_METRICS_DIR, None)  # the operator's, even if inherited from another run
     else:
-        env["PROMETHEUS_MULTIPROC_DIR"] = env[MADE_METRICS_DIR] = tempfile.mkdtemp(prefix="llmgw-metrics-")
+        sweep_orphaned_metrics_dirs()
+        made = tempfile.mkdtemp(prefix=f"{_MADE_PREFIX}{os.getpid()}-")
+        env["PROMETHEUS_MULTIPROC_DIR"] = env[MADE_METRICS_DIR] = made
     # Workers must import this same llmgw, installed or not.
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if _PACKAGE_ROOT not in paths:
         env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *paths])
     return env
+
+
+_MADE_PREFIX = "llmgw-metrics-"
+
+
+def sweep_orphaned_metrics_dirs() -> None:
+    """Remove the metrics directories of gateways that died without cleaning up.
+
+    gunicorn's on_exit removes the directory a run made, but a master killed outright (the
+    OOM killer, `kill -9`, a container's hard stop) runs no hook, and each restart after one
+    left a directory behind in /tmp. Each is named for the pid that made it (`llmgw serve`
+    becomes gunicorn's master); one whose pid is gone is swept at the next start.
+    """
+    for path in Path(tempfile.gettempdir()).glob(f"{_MADE_PREFIX}*-*"):
+        pid = path.name.removeprefix(_MADE_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive, and not ours to sweep
+    return True
 
 
 def check_bind(bind: str) -> None:
