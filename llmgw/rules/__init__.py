@@ -118,11 +118,12 @@ Rule = Callable[[Context], Iterable[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from llmgw.rules import demand, external, fleet, limits, memory, names, sources
+    from llmgw.rules import args, demand, external, fleet, limits, memory, names, sources
 
     return [
         names.check,
         sources.check,
+        args.check,
         limits.check,
         fleet.check,
         memory.check,
