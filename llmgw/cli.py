@@ -555,6 +555,14 @@ def node_command(
         raise click.UsageError("--node NAME is required: the name this machine has in the plan.")
     if (plan_path is None) == (gateway_url is None):
         raise click.UsageError("give exactly one of --plan PATH or --gateway URL.")
+    if gateway_url is not None and os.environ.get("LLMGW_ADMIN_TOKEN"):
+        from llmgw.gateway.deploy import clear_text_warning
+
+        # The agent reads the plan with the admin token, which can also deploy: the same
+        # token `llmgw deploy` warns about, crossing the same network.
+        warning = clear_text_warning(gateway_url)
+        if warning:
+            click.echo(warning, err=True)
     source = (
         FilePlan(plan_path)
         if plan_path is not None

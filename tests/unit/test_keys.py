@@ -120,3 +120,9 @@ def test_both_kinds_of_keys_file_at_once_are_refused(tmp_path: Path) -> None:
         assert "set one" in str(exc)
     else:
         raise AssertionError("both LLMGW_KEYS_FILE and LLMGW_API_KEYS_FILE were accepted")
+
+
+def test_a_hash_with_a_trailing_newline_is_refused_since_it_would_never_match(tmp_path: Path) -> None:
+    found = lint_of(tmp_path, f"keys:\n  - name: a\n    sha256: |\n      {A}\n")
+    assert len(found) == 1 and "error[schema]" in found[0], found
+    assert "on one line" in found[0], found
