@@ -102,7 +102,8 @@ def lint_command(
     """Check every model file against the schema and the fleet; report every finding.
 
     With --previous, a clash or a shortage is reported on the files new or edited since
-    that plan, as `llmgw plan --previous` reports it. keys.yaml is checked too.
+    that plan, as `llmgw plan --previous` reports it. keys.yaml is checked too, and with
+    --previous, a key that now reaches a model it did not is said on that model's file.
     """
     reporter = REPORTERS[fmt]
     out = sys.stdout
@@ -122,7 +123,7 @@ def lint_command(
             raise UsageError(
                 f"--keys {keys_path} does not exist; give the keys.yaml to check, or leave --keys out."
             )
-        result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries)])
+        result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries, previous=previous)])
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
         click.echo(_summary(result), err=True)
