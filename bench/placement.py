@@ -27,7 +27,9 @@ from llmgw.lint import _fleet_consistency  # noqa: E402
 from llmgw.load import Document  # noqa: E402
 from llmgw.model import Fleet, ModelSpec  # noqa: E402
 from llmgw.place import place  # noqa: E402
-from llmgw.rules import Context, Entry, run_rules  # noqa: E402
+from llmgw.catalogue import Entry  # noqa: E402
+from llmgw.rules import run_rules  # noqa: E402
+from llmgw.rules.context import Context  # noqa: E402
 
 ZONES = "abcd"
 

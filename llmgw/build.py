@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from llmgw import __version__
 from llmgw.catalogue import Entry
+from llmgw.errors import PlanError
 from llmgw.lint import LintResult
 from llmgw.model import Node
 from llmgw.place import Slot
@@ -95,20 +97,38 @@ def workload_names(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
     Model names may hold dots, capitals and slashes, which a Service name may not; two
     pairs that would clean up to one name, or a name past 63 characters, get a suffix
     from a hash of the pair, so no two workloads ever share a Service.
+
+    A suffixed name can still be another pair's plain one (`a.b`/`cpu` and `a-b`/`cpu` both
+    become `a-b-cpu-` and a hash, which a model `a-b-cpu` with that hash for a profile name
+    has as it is), and then one Deployment was silently lost. A plain name is kept, since it
+    is what a person reads and what the cluster already runs; each suffixed one that clashes
+    is hashed again, with a round number, until every name is its pair's alone.
     """
-    cleaned = {pair: _NOT_IN_A_LABEL.sub("-", f"{pair[0]}-{pair[1]}".lower()).strip("-") for pair in pairs}
-    taken: dict[str, int] = {}
-    for name in cleaned.values():
-        taken[name] = taken.get(name, 0) + 1
-    out = {}
-    for pair, name in cleaned.items():
-        if not name[:1].isalpha():
-            name = "m-" + name
-        if taken[cleaned[pair]] > 1 or len(name) > 63:
-            suffix = hashlib.sha256("/".join(pair).encode()).hexdigest()[:8]
-            name = f"{name[:54].rstrip('-')}-{suffix}"
-        out[pair] = name
-    return out
+    plain = {pair: _label_of(pair) for pair in pairs}
+    taken = Counter(plain.values())
+    out = {
+        pair: _suffixed(name, pair, 0) if taken[name] > 1 or len(name) > 63 else name
+        for pair, name in plain.items()
+    }
+    for attempt in range(1, 100):
+        holders = Counter(out.values())
+        clashing = [p for p, name in out.items() if holders[name] > 1 and out[p] != plain[p]]
+        if not clashing:
+            return out
+        for pair in clashing:
+            out[pair] = _suffixed(plain[pair], pair, attempt)
+    raise PlanError("cannot give every Kubernetes workload its own name; rename a model.")
+
+
+def _label_of(pair: tuple[str, str]) -> str:
+    name = _NOT_IN_A_LABEL.sub("-", f"{pair[0]}-{pair[1]}".lower()).strip("-")
+    return name if name[:1].isalpha() else "m-" + name
+
+
+def _suffixed(name: str, pair: tuple[str, str], attempt: int) -> str:
+    # Round 0 is the hash plans have always had, so names that never clashed stay the same.
+    key = "/".join(pair) + (f"#{attempt}" if attempt else "")
+    return f"{name[:54].rstrip('-')}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def _inputs(result: LintResult, previous: Plan | None) -> dict[str, Any]:

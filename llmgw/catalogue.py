@@ -28,10 +28,11 @@ class Entry:
     doc: Document
     spec: ModelSpec
     base_dir: Path
+    catalogue: Path | None = None  # a source is not followed out of it through a symlink
 
     @cached_property
     def source(self) -> Source:
-        return classify_source(self.spec.source, self.base_dir)
+        return classify_source(self.spec.source, self.base_dir, self.catalogue)
 
     @cached_property
     def weights_bytes(self) -> int | None:

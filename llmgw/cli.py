@@ -18,7 +18,7 @@ from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.build import KubernetesTarget, build_plan
 from llmgw.errors import FleetError, LlmgwError, UsageError
-from llmgw.keys import add_key, catalogue_names, lint_keys, patterns_matching_nothing
+from llmgw.keys import add_key, add_keys_findings, catalogue_names, patterns_matching_nothing
 from llmgw.lint import LintResult, lint
 from llmgw.plan import dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
@@ -84,20 +84,6 @@ keys_option = click.option(
 )
 
 
-def _add_keys_findings(result: LintResult, keys_path: Path | None) -> None:
-    """keys.yaml's findings joined to the catalogue's: lint and plan report the same ones, so
-    a keys file lint fails also stops the plan (plan once passed it, though it "runs lint")."""
-    if keys_path is None and Path("keys.yaml").is_file():
-        keys_path = Path("keys.yaml")
-    if keys_path is None:
-        return
-    if not keys_path.is_file():
-        raise UsageError(
-            f"--keys {keys_path} does not exist; give the keys.yaml to check, or leave --keys out."
-        )
-    result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries)])
-
-
 @main.command("lint")
 @catalog_argument
 @fleet_option
@@ -122,7 +108,8 @@ def lint_command(
     """Check every model file against the schema and the fleet; report every finding.
 
     With --previous, a clash or a shortage is reported on the files new or edited since
-    that plan, as `llmgw plan --previous` reports it. keys.yaml is checked too.
+    that plan, as `llmgw plan --previous` reports it. keys.yaml is checked too, and with
+    --previous, a key that now reaches a model it did not is said on that model's file.
     """
     reporter = REPORTERS[fmt]
     out = sys.stdout
@@ -135,7 +122,7 @@ def lint_command(
         reporter(exc.findings, out, color=False)
         click.echo(f"llmgw: cannot use the fleet inventory {fleet_path}; fix it first.", err=True)
         sys.exit(EXIT_CANNOT_RUN)
-    _add_keys_findings(result, keys_path)
+    add_keys_findings(result, keys_path, previous)
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
         click.echo(_summary(result), err=True)
@@ -201,7 +188,7 @@ def plan_command(
     kubernetes = _kubernetes_target(target, namespace, cluster_domain)
     previous = read_previous(previous_path) if previous_path else None
     result = lint(catalog, fleet_path, previous=previous, kubernetes=kubernetes is not None)
-    _add_keys_findings(result, keys_path)
+    add_keys_findings(result, keys_path, previous)
     errors, _ = result.counts()
     if errors:
         REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))
@@ -602,6 +589,14 @@ def node_command(
         raise click.UsageError("--node NAME is required: the name this machine has in the plan.")
     if (plan_path is None) == (gateway_url is None):
         raise click.UsageError("give exactly one of --plan PATH or --gateway URL.")
+    if gateway_url is not None and os.environ.get("LLMGW_ADMIN_TOKEN"):
+        from llmgw.gateway.deploy import clear_text_warning
+
+        # The agent reads the plan with the admin token, which can also deploy: the same
+        # token `llmgw deploy` warns about, crossing the same network.
+        warning = clear_text_warning(gateway_url)
+        if warning:
+            click.echo(warning, err=True)
     source = (
         FilePlan(plan_path)
         if plan_path is not None

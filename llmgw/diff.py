@@ -90,6 +90,9 @@ class ProfileChange:
     name: str
     engine: str
     external: bool
+    # What the engine is told besides llmgw's own flags: a reviewer reads them, not just that
+    # a profile with args arrived (--trust-remote-code runs the repository's code).
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,9 @@ def _model_facts(model: PlanModel) -> dict[str, Any]:
     facts: dict[str, Any] = {"task": model.task, "replicas": placed}
     if any(p.on_demand for p in model.profiles):
         facts["on_demand"] = True
+    args = {p.name: list(p.args) for p in model.profiles if p.args}
+    if args:
+        facts["args"] = args  # shown for an added model, as a changed profile's args are
     return facts
 
 
@@ -250,7 +256,7 @@ def _diff_model(old: PlanModel, new: PlanModel) -> ResourceChange | None:
     for p in new.profiles:
         before = old_profiles.get(p.name)
         if before is None:
-            profiles.append(ProfileChange("add", p.name, p.engine, p.external))
+            profiles.append(ProfileChange("add", p.name, p.engine, p.external, p.args))
             replicas.extend(_diff_replicas(p.name, (), p.replicas))
             continue
         fields.extend(_diff_fields(_flat_profile(before), _flat_profile(p), PROFILE_FIELDS, profile=p.name))

@@ -23,9 +23,10 @@ from llmgw.atomic import replace_file
 from llmgw.catalogue import Entry
 from llmgw.errors import UsageError
 from llmgw.findings import Finding
-from llmgw.lint import catalogue_files
+from llmgw.lint import LintResult, catalogue_files
 from llmgw.load import Document, load_document
 from llmgw.nesting import too_deep_at, too_deep_sentence
+from llmgw.plan import Plan
 from llmgw.validate import check_document
 
 MODELINE = "# yaml-language-server: $schema=schema/keys.schema.json\n"
@@ -33,9 +34,15 @@ MODELINE = "# yaml-language-server: $schema=schema/keys.schema.json\n"
 KEY_PREFIX = "sk-llmgw-"
 
 
-def lint_keys(path: Path, entries: Sequence[Entry], today: dt.date | None = None) -> list[Finding]:
+def lint_keys(
+    path: Path,
+    entries: Sequence[Entry],
+    today: dt.date | None = None,
+    previous: Plan | None = None,
+) -> list[Finding]:
     """Findings for keys.yaml: schema, repeated names or hashes, `models` entries that match
-    no model (errors), and keys past their `expires` day (warnings)."""
+    no model (errors), keys past their `expires` day (warnings), and with the plan now
+    deployed, models a key reaches that it did not (warnings, on the model's file)."""
     display = path.as_posix()
     doc, findings = load_document(path, display)
     if doc is None or findings:
@@ -86,6 +93,8 @@ def lint_keys(path: Path, entries: Sequence[Entry], today: dt.date | None = None
                         "nothing; fix the spelling, or remove it.",
                     )
                 )
+        if previous is not None and key.get("models"):
+            findings.extend(_newly_reached(display, i, key, entries, previous))
         expires = key.get("expires")
         if expires and dt.date.fromisoformat(expires) < (today or dt.date.today()):
             findings.append(
@@ -120,6 +129,64 @@ def catalogue_names(catalog: Path) -> set[str]:
 def patterns_matching_nothing(patterns: Sequence[str], names: set[str]) -> list[str]:
     """The `models` entries that would grant nothing: the same test as lint's keys-no-model."""
     return [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+
+
+def _newly_reached(
+    keys_file: str, index: int, key: dict[str, Any], entries: Sequence[Entry], previous: Plan
+) -> list[Finding]:
+    """Models `key` reaches in this catalogue and did not in `previous`, each said on the name
+    or alias that lets it in.
+
+    A key scoped by a glob (`a-*`) silently gained a model when a pull request gave that
+    model a matching alias, and nothing in the pull request touched keys.yaml. A model the
+    key names exactly, by its own name, is the grant the file asked for and is not said.
+    """
+    patterns = [str(p) for p in key["models"]]
+
+    def reaches(words: Sequence[str]) -> tuple[str, int] | None:
+        for k, word in enumerate(words):
+            for pattern in patterns:
+                if fnmatch.fnmatchcase(word, pattern):
+                    return pattern, k
+        return None
+
+    before = {m.name for m in previous.models if reaches((m.name, *m.aliases))}
+    findings = []
+    for entry in entries:
+        spec = entry.spec
+        words = (spec.name, *spec.aliases)
+        found = reaches(words)
+        if spec.name in before or found is None or spec.name in patterns:
+            continue
+        pattern, k = found
+        what, where = ("name", ("name",)) if k == 0 else ("alias", ("aliases", k - 1))
+        findings.append(
+            entry.doc.finding(
+                "warning",
+                "keys-reach",
+                where,
+                f"this {what} '{words[k]}' lets the key '{key.get('name')}' ({keys_file} key "
+                f"#{index + 1}, models '{pattern}') use {spec.name}, which it could not use in "
+                f"the previous plan; if that key should not, choose a {what} its models do not "
+                f"match, or narrow the key's models in {keys_file}.",
+            )
+        )
+    return findings
+
+
+def add_keys_findings(result: LintResult, keys_path: Path | None, previous: Plan | None = None) -> None:
+    """keys.yaml's findings joined to the catalogue's: lint and plan report the same ones, so
+    a keys file lint fails also stops the plan (plan once passed it, though it "runs lint").
+    Without --keys, a keys.yaml in the working folder is the one checked."""
+    if keys_path is None and Path("keys.yaml").is_file():
+        keys_path = Path("keys.yaml")
+    if keys_path is None:
+        return
+    if not keys_path.is_file():
+        raise UsageError(
+            f"--keys {keys_path} does not exist; give the keys.yaml to check, or leave --keys out."
+        )
+    result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries, previous=previous)])
 
 
 def _dates_as_text(data: Any) -> Any:

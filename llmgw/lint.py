@@ -86,7 +86,7 @@ def _lint(catalog: Path, fleet_path: Path, previous: Plan | None, kubernetes: bo
         findings.extend(problems)
         if data is None:
             continue  # a required key is missing or wrong: nothing sound to check further
-        entries.append(Entry(doc, ModelSpec.model_validate(data), path.parent))
+        entries.append(Entry(doc, ModelSpec.model_validate(data), path.parent, catalog))
     entries.sort(key=lambda e: e.spec.name)
     changed = changed_since(previous, documents)
     findings.extend(run_rules(Context(entries, fleet, changed)))

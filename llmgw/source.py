@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlparse
@@ -37,6 +38,8 @@ class Source:
     repository: str | None  # hf://org/repo for hf:// sources
     local: Path | None  # resolved path for local sources
     weight_files: tuple[Path, ...] = ()  # for a local directory: the weight files in it
+    # Written inside the catalogue, but a symlink there leads out of it: nothing is read.
+    leaves_catalogue: bool = False
 
     @property
     def several_files(self) -> bool:
@@ -56,8 +59,14 @@ class Source:
         return self.kind == "path" and self.local is not None and not self.local.exists()
 
 
-def classify_source(text: str, base_dir: Path) -> Source:
-    """Local paths are relative to the model file's own folder, like its $schema comment."""
+def classify_source(text: str, base_dir: Path, catalogue: Path | None = None) -> Source:
+    """Local paths are relative to the model file's own folder, like its $schema comment.
+
+    A local path written inside `catalogue` that a symlink leads out of is not followed:
+    lint's findings quote what they read (a header's first bytes, a size), and they are
+    posted on the pull request, so a link to /etc/shadow must not be read at all. Its format
+    is the one the path as written names, never the target's.
+    """
     hub = hub_source(text)
     if hub is not None:
         if hub.filename is None:
@@ -66,7 +75,11 @@ def classify_source(text: str, base_dir: Path) -> Source:
     if text.startswith(("https://", "http://")):
         name = PurePosixPath(urlparse(text).path).name
         return _file_source(text, "url", name, None, None)
-    local = (base_dir / text).resolve() if not Path(text).is_absolute() else Path(text)
+    written = base_dir / text if not Path(text).is_absolute() else Path(text)
+    if catalogue is not None and leads_out_through_a_link(written, catalogue):
+        as_written = _file_source(text, "path", PurePosixPath(text).name, None, None)
+        return replace(as_written, leaves_catalogue=True)
+    local = written.resolve() if not Path(text).is_absolute() else Path(text)
     if local.is_dir():
         weights = tuple(sorted(p for p in local.iterdir() if p.suffix in WEIGHT_SUFFIXES))
         fmt: Format = "repository"
@@ -74,6 +87,19 @@ def classify_source(text: str, base_dir: Path) -> Source:
             fmt = WEIGHT_SUFFIXES[weights[0].suffix]  # type: ignore[assignment]
         return Source(text, "path", fmt, "", None, None, local, weights)
     return _file_source(text, "path", local.name, None, local)
+
+
+def leads_out_through_a_link(written: Path, catalogue: Path) -> bool:
+    """True when `written` is inside `catalogue` as written, and outside it once symlinks are
+    followed. A path written outside it (`../weights/m.gguf`, `/models/m.gguf`) is where the
+    reviewer of the model file can see it point, and is read as it always was."""
+    root = Path(os.path.abspath(catalogue))
+    if not Path(os.path.normpath(os.path.abspath(written))).is_relative_to(root):
+        return False
+    try:
+        return not written.resolve().is_relative_to(catalogue.resolve())
+    except (OSError, RuntimeError):
+        return True  # a loop of links leads nowhere lint should go
 
 
 def _file_source(

@@ -222,6 +222,18 @@ def _explain(doc: Document, error: ValidationError) -> list[Finding]:
                 "can reach; write http://HOST:PORT, optionally ending in /v1.",
             )
         ]
+    if error.validator == "pattern" and path and path[-1] == "sha256":
+        # A `|` block or a pasted `sha256sum` line ends in a newline: a hash that never matches.
+        return [
+            doc.finding(
+                "error",
+                "schema",
+                path,
+                f"{field} {error.instance!r} is not 64 hexadecimal digits and nothing else; "
+                "write the hash on one line, as `printf %s KEY | sha256sum` prints it without "
+                "the trailing ' -', or make a new key with `llmgw keys add`.",
+            )
+        ]
     if error.validator == "pattern" and path and (path[-1] == "name" or "aliases" in path):
         return [
             doc.finding(

@@ -1,6 +1,7 @@
 """A Kubernetes plan → manifests Argo CD or Flux can sync: one file per workload, the
 gateway's file, and a kustomization.yaml listing them.
 
+    namespace.yaml     the Namespace every object is in
     engine-NAME.yaml   per (model, profile): Deployment, headless Service, PodDisruptionBudget
     gateway.yaml       the plan as a ConfigMap; the gateway's Deployment, Service and PDB
     kustomization.yaml every file above, and the namespace
@@ -12,13 +13,14 @@ Command lines come from `llmgw.engines.engine_command`, as the node agent's do.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from io import StringIO
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.scalarstring import LiteralScalarString
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString, LiteralScalarString
 
 from llmgw import __version__
 from llmgw.engines import engine_command, fetched_weights
@@ -44,6 +46,12 @@ HEADER = (
 # An engine reads its weights before it answers /health: allow an hour (360 × 10 s) for a
 # large model from a slow disk. The init container's download comes before and is not counted.
 STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 360
+# What a block scalar cannot hold as it is, and JSON (so the plan) leaves unescaped: the line
+# breaks YAML has and JSON does not (each one splits a line, and the plan read back is not the
+# plan), and characters outside YAML's printable set (a reader refuses the whole file).
+NOT_IN_A_BLOCK = re.compile(
+    "[\x85\u2028\u2029]|[^\x09\x0a\x0d\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
+)
 
 
 @dataclass(frozen=True)
@@ -111,13 +119,29 @@ def parse_pairs(pairs: tuple[str, ...], flag: str, known: Mapping[str, str]) -> 
 def render(plan: Plan, options: Options) -> dict[str, str]:
     """File name → text, in the order the stream writes them."""
     target = _target_of(plan)
-    files = {"gateway.yaml": _file(_gateway(plan, target, options))}
+    engines: dict[str, str] = {}
+    owners: dict[str, str] = {}
     for model in plan.models:
         for profile in model.profiles:
-            if profile.workload is not None:
-                name = f"engine-{profile.workload.name}.yaml"
-                files[name] = _file(_engine(model, profile, target, options))
-    files = {"gateway.yaml": files.pop("gateway.yaml"), **dict(sorted(files.items()))}
+            if profile.workload is None:
+                continue
+            name = f"engine-{profile.workload.name}.yaml"
+            owner = f"{model.name}/{profile.name}"
+            if name in engines:
+                # One file (and one Deployment) would silently stand for two workloads.
+                raise UsageError(
+                    f"{owner} and {owners[name]} both have the workload name "
+                    f"{profile.workload.name}, so one of them would not be deployed; plan "
+                    "again with this version of `llmgw plan --target kubernetes`, which gives "
+                    "every workload its own name."
+                )
+            owners[name] = owner
+            engines[name] = _file(_engine(model, profile, target, options))
+    files = {
+        "namespace.yaml": _file([_namespace(target)]),
+        "gateway.yaml": _file(_gateway(plan, target, options)),
+        **dict(sorted(engines.items())),
+    }
     files["kustomization.yaml"] = _file(
         [
             {
@@ -133,8 +157,39 @@ def render(plan: Plan, options: Options) -> dict[str, str]:
 
 def stream(files: Mapping[str, str]) -> str:
     """Every manifest as one multi-document stream, for `kubectl apply -f -`."""
+    # The Namespace first: every object after it is created inside it.
     parts = [text.split("\n", 2)[2] for name, text in files.items() if name != "kustomization.yaml"]
     return HEADER.format(version=__version__) + "---\n".join(parts)
+
+
+def _namespace(target: Target) -> dict[str, Any]:
+    # Written out rather than assumed: `kubectl apply` of the stream into a namespace that
+    # does not exist fails at the first object.
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": target.namespace, "labels": {"app.kubernetes.io/part-of": "llmgw"}},
+    }
+
+
+def as_written(text: str) -> str:
+    """`text` in a container's command or env, where Kubernetes reads `$(NAME)` as the
+    variable NAME: a source holding `$(HF_TOKEN)` once sent the hub token to the host its URL
+    named. Kubernetes reads `$$` as one `$`, so every `$` is doubled, and the container gets
+    the text as the catalogue wrote it."""
+    return text.replace("$", "$$")
+
+
+def plan_scalar(text: str) -> str:
+    """The plan as the ConfigMap holds it, so that it reads back byte for byte.
+
+    A block (`|`) is what a person reviewing the manifests can read, and is used whenever it
+    reads back the same; otherwise a double-quoted string, where every such character is
+    written as an escape.
+    """
+    style = LiteralScalarString if NOT_IN_A_BLOCK.search(text) is None else DoubleQuotedScalarString
+    scalar: str = style(text)
+    return scalar
 
 
 def _target_of(plan: Plan) -> Target:
@@ -185,7 +240,11 @@ def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Opt
     )
     # The device plugin decides which cards a container sees; the agent's CUDA_VISIBLE_DEVICES
     # (empty for a replica without GPUs of its own) would hide them all.
-    env = [{"name": k, "value": v} for k, v in sorted(command.env.items()) if k != "CUDA_VISIBLE_DEVICES"]
+    env = [
+        {"name": k, "value": as_written(v)}
+        for k, v in sorted(command.env.items())
+        if k != "CUDA_VISIBLE_DEVICES"
+    ]
     gpu_build = f"{profile.engine}-gpu"
     image_key = gpu_build if profile.gpus and gpu_build in options.images else profile.engine
     resources: dict[str, Any] = {}
@@ -204,7 +263,7 @@ def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Opt
     engine: dict[str, Any] = {
         "name": "engine",
         "image": options.images[image_key],
-        "command": list(command.argv),
+        "command": [as_written(arg) for arg in command.argv],
         "ports": [{"name": "http", "containerPort": target.port}],
     }
     if env:
@@ -244,7 +303,7 @@ def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Opt
         {
             "name": "weights",
             "image": options.gateway_image,
-            "command": fetch,
+            "command": [as_written(arg) for arg in fetch],
             # HF_TOKEN for gated repositories, when the operator creates the Secret.
             "envFrom": [{"secretRef": {"name": "llmgw-hub", "optional": True}}],
             "volumeMounts": [{"name": "weights", "mountPath": directory}],
@@ -315,7 +374,7 @@ def _gateway(plan: Plan, target: Target, options: Options) -> list[dict[str, Any
         ),
         # The plan's own bytes: its digest is checked again by every gateway that loads it.
         # Kubernetes updates the mounted file in place, and the gateway reloads it.
-        "data": {"plan.json": LiteralScalarString(dump_plan(plan.doc))},
+        "data": {"plan.json": plan_scalar(dump_plan(plan.doc))},
     }
     container = {
         "name": "gateway",

@@ -9,7 +9,15 @@ from __future__ import annotations
 from typing import TextIO
 
 from llmgw.diff import PlanDiff, ResourceChange
-from llmgw.report.diff_text import SIGNS, closing_line, describe, diff_lines, memory_line, value
+from llmgw.report.diff_text import (
+    SIGNS,
+    added_args,
+    closing_line,
+    describe,
+    diff_lines,
+    memory_line,
+    value,
+)
 from llmgw.report.markdown import cell, code, fenced
 
 # Past this many lines the full diff is folded; below it, opening a fold costs a click
@@ -65,7 +73,8 @@ def diff_markdown(diff: PlanDiff) -> str:
 def summary(change: ResourceChange) -> str:
     """One cell: what happens to this resource, in words a reviewer scans."""
     if change.action == "add":
-        return f"added ({describe(change)})"
+        args = "".join(f"; profile {name} args {value(a)}" for name, a in added_args(change))
+        return f"added ({describe(change)}){args}"
     if change.action == "remove":
         return f"removed ({describe(change)})"
     parts: list[str] = []
@@ -76,7 +85,9 @@ def summary(change: ResourceChange) -> str:
             parts.append(f"{name} changed" if f.before and f.after else f"{name} {_presence(f.after)}")
         else:
             parts.append(f"{name} {value(f.before)} → {value(f.after)}")
-    parts += [f"profile {p.name} {'added' if p.action == 'add' else 'removed'}" for p in change.profiles]
+    for p in change.profiles:
+        args = f" with args {value(list(p.args))}" if p.args and p.action == "add" else ""
+        parts.append(f"profile {p.name} {'added' if p.action == 'add' else 'removed'}{args}")
     for action, word in (
         ("add", "added"),
         ("remove", "removed"),

@@ -62,13 +62,22 @@ def resource_lines(change: ResourceChange) -> list[str]:
     if change.action != "change":
         head += f" ({describe(change)})"
     lines = [head]
+    if change.action == "add":
+        lines.extend(f"    profile {name} args: {value(args)}" for name, args in added_args(change))
     lines.extend(f"    {line}" for f in change.fields for line in field_lines(f))
     for p in change.profiles:
         external = ", external" if p.external else ""
-        lines.append(f"    {SIGNS[p.action]} profile {p.name} ({p.engine}{external})")
+        args = f" args: {value(list(p.args))}" if p.args and p.action == "add" else ""
+        lines.append(f"    {SIGNS[p.action]} profile {p.name} ({p.engine}{external}){args}")
     lines.extend(f"    {replica_line(r)}" for r in change.replicas)
     lines.extend(f"    {SIGNS[w.action]} warning {w.rule}: {w.message}" for w in change.warnings)
     return lines
+
+
+def added_args(change: ResourceChange) -> list[tuple[str, list[str]]]:
+    """An added model's profiles that hand the engine args, with the args."""
+    args = change.facts.get("args") or {}
+    return sorted(args.items()) if change.kind == "model" else []
 
 
 def describe(change: ResourceChange) -> str:

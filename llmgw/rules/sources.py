@@ -1,5 +1,5 @@
-"""sharded-source, unreadable-format, engine-mismatch, source-missing: one source, in a format
-its engine reads.
+"""sharded-source, unreadable-format, engine-mismatch, source-missing, source-outside: one
+source, in a format its engine reads.
 
 Every hint here is advice that passes lint when followed: a test applies each one and lints
 again. A hint that sent vLLM to a GGUF repository once traded one error for another.
@@ -23,6 +23,17 @@ def check(ctx: Context) -> Iterator[Finding]:
 
 def _check_entry(entry: Entry) -> Iterator[Finding]:
     src = entry.source
+    if src.leaves_catalogue:
+        # Said without the target's name or kind: the finding is posted on the pull request.
+        yield entry.doc.finding(
+            "error",
+            "source-outside",
+            ("source",),
+            f"source {src.text} is inside the catalogue as written, but a symlink leads out of "
+            "it, so lint reads nothing there; put the weights themselves in the catalogue, or "
+            "write the path they are at, where the reviewer can see it.",
+        )
+        return
     if src.missing:
         # A warning: weights may live only on the nodes. But a typo in the path is the
         # likelier cause, and without this the only finding was memory-unknown's advice

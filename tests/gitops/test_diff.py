@@ -238,3 +238,26 @@ def test_an_empty_new_plan_is_an_error_not_a_teardown(tmp_path) -> None:
     result = run_llmgw("diff", "/dev/null", empty, "--detailed-exitcode")
     assert result.code == 1, result
     assert "to remove" not in result.stdout and "a plan step failed" in result.stderr, result
+
+
+def _with_args(m, *args: str, profile: str = "cpu"):
+    p = m.profiles[0].model_copy(update={"args": args, "name": profile})
+    return m.model_copy(update={"profiles": (p,)})
+
+
+def test_the_args_themselves_are_shown_however_they_arrive() -> None:
+    # A reviewer must read --trust-remote-code or --host 0.0.0.0, not only that args changed.
+    where = [replica("cpu-1", "127.0.0.11", 8001)]
+    plain = model("m", where)
+    old = plan([plain], CPU)
+    changed = plan([_with_args(plain, "--log-file", "/tmp/x")], CPU)
+    added_model = plan([plain, _with_args(model("n", where), "--path", "/srv")], CPU)
+    second = _with_args(plain, "--rpc", "10.0.0.9:50052", profile="fast")
+    added_profile = plan([plain.model_copy(update={"profiles": (*plain.profiles, *second.profiles)})], CPU)
+    assert '    profile cpu args: [] → ["--log-file", "/tmp/x"]' in text(old, changed).splitlines()
+    assert '    profile cpu args: ["--path", "/srv"]' in text(old, added_model).splitlines()
+    profile_lines = text(old, added_profile).splitlines()
+    assert '    + profile fast (llamacpp) args: ["--rpc", 10.0.0.9:50052]' in profile_lines
+    for new in (changed, added_model, added_profile):
+        table = diff_markdown(diff_plans(old, new)).split("```")[0]
+        assert "/tmp/x" in table or "/srv" in table or "10.0.0.9" in table, table

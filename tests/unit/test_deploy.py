@@ -64,3 +64,24 @@ def test_a_plan_the_gateway_refuses_still_says_refused_with_its_reason(monkeypat
     with pytest.raises(LlmgwError) as caught:
         deploy(plan_file, "http://127.0.0.1:8080/", token="t")
     assert str(caught.value) == "the gateway refused the plan (422): model x needs 900 GB"
+
+
+def test_a_node_agent_sending_the_admin_token_over_plain_http_is_warned_as_deploy_is(monkeypatch, tmp_path):
+    # The agent reads the plan with the admin token, which can also deploy.
+    from click.testing import CliRunner
+
+    import llmgw.node.run
+    from llmgw.cli import main
+
+    monkeypatch.setattr(llmgw.node.run, "run_node", lambda *args, **kwargs: None)
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", "t")
+    state = str(tmp_path / "state")
+
+    def stderr_of(url: str) -> str:
+        run = CliRunner().invoke(main, ["node", "--node", "n", "--gateway", url, "--state-dir", state])
+        assert run.exit_code == 0, run.output
+        return run.stderr
+
+    assert "travels in clear" in stderr_of("http://10.0.0.5:8080")
+    assert stderr_of("http://127.0.0.1:8080") == ""
+    assert stderr_of("https://gateway.example:8443") == ""

@@ -142,3 +142,42 @@ def test_both_kinds_of_keys_file_at_once_are_refused(tmp_path: Path) -> None:
         assert "set one" in str(exc)
     else:
         raise AssertionError("both LLMGW_KEYS_FILE and LLMGW_API_KEYS_FILE were accepted")
+
+
+def test_a_hash_with_a_trailing_newline_is_refused_since_it_would_never_match(tmp_path: Path) -> None:
+    found = lint_of(tmp_path, f"keys:\n  - name: a\n    sha256: |\n      {A}\n")
+    assert len(found) == 1 and "error[schema]" in found[0], found
+    assert "on one line" in found[0], found
+
+
+def _reach(tmp_path: Path, before: dict[str, str], after: dict[str, str], models: str) -> list[str]:
+    from llmgw.build import build_plan
+    from llmgw.plan import dump_plan, parse_plan
+
+    tmp_path.mkdir(exist_ok=True)
+    catalog, fleet = write_catalog(tmp_path, before)
+    previous = parse_plan(dump_plan(build_plan(lint(catalog, fleet))))
+    for written in catalog.iterdir():
+        written.unlink()
+    catalog, fleet = write_catalog(tmp_path, after)
+    (tmp_path / "keys.yaml").write_text(f"keys:\n  - name: team-a\n    sha256: {A}\n    models: {models}\n")
+    entries = lint(catalog, fleet, previous=previous).entries
+    found = lint_keys(tmp_path / "keys.yaml", entries, previous=previous)
+    return [f"{Path(f.file).name}:{f.line} {f.severity}[{f.rule}] {f.message}" for f in found]
+
+
+def test_a_pull_request_giving_a_model_an_alias_a_keys_glob_matches_is_said(tmp_path: Path) -> None:
+    before = {"a.yaml": model_yaml("a-chat"), "b.yaml": model_yaml("b-secret")}
+    after = {**before, "b.yaml": model_yaml("b-secret", extra="aliases: [a-secret]\n")}
+    found = _reach(tmp_path, before, after, '["a-*"]')
+    assert len(found) == 1, f"the key silently gained b-secret: {found}"
+    assert found[0].startswith("b.yaml:6 warning[keys-reach] this alias 'a-secret' lets the key 'team-a'")
+    assert "narrow the key's models" in found[0]
+
+
+def test_a_key_reaching_what_it_reached_before_or_naming_a_new_model_is_quiet(tmp_path: Path) -> None:
+    before = {"a.yaml": model_yaml("a-chat")}
+    after = {**before, "n.yaml": model_yaml("new-model"), "c.yaml": model_yaml("a-chat-2")}
+    found = _reach(tmp_path / "1", before, after, '["a-chat", "new-model"]')
+    assert found == [], "a-chat was reached before, and new-model is named by the key itself"
+    assert len(_reach(tmp_path / "2", before, after, '["a-*"]')) == 1, "a-chat-2 is new and reached by a glob"

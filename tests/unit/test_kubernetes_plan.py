@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -90,3 +91,14 @@ def test_workload_names_are_dns_labels_and_never_shared():
     assert names[("org/model", "gpu")] == "org-model-gpu"
     assert names[("3b", "main")] == "m-3b-main"
     assert workload_names([("x" * 80, "main")]) == {("x" * 80, "main"): names[("x" * 80, "main")]}
+
+
+def test_a_suffixed_workload_name_never_lands_on_another_pairs_plain_name():
+    # `a.b` and `a-b` with profile cpu are suffixed with a hash of the pair; a model named
+    # `a-b-cpu` whose profile is that very hash once had the same name, and one was lost.
+    suffix = hashlib.sha256(b"a.b/cpu").hexdigest()[:8]
+    pairs = [("a.b", "cpu"), ("a-b", "cpu"), ("a-b-cpu", suffix), ("1b", "cpu"), ("m-1b", "cpu")]
+    names = workload_names(pairs)
+    assert len(set(names.values())) == len(pairs), names
+    assert names[("a-b-cpu", suffix)] == f"a-b-cpu-{suffix}"  # a plain name is kept
+    assert workload_names(list(reversed(pairs))) == names  # the same whatever the order

@@ -11,7 +11,7 @@ from kubernetes_validate.utils import all_versions, major_minor
 from ruamel.yaml import YAML
 
 from llmgw.engines import engine_command
-from llmgw.plan import assemble_plan, read_plan
+from llmgw.plan import assemble_plan, dump_plan, read_plan
 from llmgw.render.kubernetes import Options, WeightsVolume, render
 from tests.conftest import run_llmgw
 
@@ -188,3 +188,78 @@ def test_a_local_weights_path_is_refused_since_no_pod_can_read_it(k8s_plan):
 def test_fewer_than_two_gateways_is_refused(k8s_plan):
     run = run_llmgw("render", "kubernetes", k8s_plan, "--out", "-", "--gateway-replicas", "1")
     assert run.code == 2 and "at least 2" in run.stderr, run
+
+
+def _kubernetes_expands(text: str, env: dict[str, str]) -> str:
+    """What the kubelet makes of a command argument (k8s.io/kubernetes third_party expansion):
+    `$$` is one `$`, `$(NAME)` is NAME's value when the container has it, the rest stays."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            close = text.find(")", i + 2)
+            if nxt == "(" and close >= 0:
+                name = text[i + 2 : close]
+                out.append(env.get(name, f"$({name})"))
+                i = close + 1
+                continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def _with(plan, **update):
+    models = [plan.models[0].model_copy(update=update), *plan.models[1:]]
+    return assemble_plan(models, plan.nodes, inputs=plan.inputs, target=plan.target)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "https://example.com/$(HF_TOKEN)/m.gguf",
+        "https://example.com/$$(HF_TOKEN)/m.gguf",  # doubling only `$(` would let this expand
+        "https://example.com/a$/m.gguf",
+    ],
+)
+def test_a_source_reaches_the_containers_as_written_never_expanded(k8s_plan, source):
+    plan = _with(read_plan(k8s_plan), source=source)
+    model = plan.models[0]
+    name = f"engine-{model.profiles[0].workload.name}.yaml"
+    pod = next(YAML(typ="safe").load_all(render(plan, Options())[name]))["spec"]["template"]["spec"]
+    secret = {"HF_TOKEN": "hf_secret"}
+    fetch = [_kubernetes_expands(a, secret) for a in pod["initContainers"][0]["command"]]
+    assert fetch[2] == source, "Kubernetes would put the hub token in the URL"
+    engine = [_kubernetes_expands(a, secret) for a in pod["containers"][0]["command"]]
+    assert not any("hf_secret" in a for a in engine)
+
+
+@pytest.mark.parametrize("odd", ["\u2028", "\u2029", "\x85", "\ufeff", "\x7f", "a\u2028\n b  "])
+def test_the_plan_in_the_configmap_reads_back_byte_for_byte_whatever_descriptions_hold(k8s_plan, odd):
+    plan = _with(read_plan(k8s_plan), description=f"line one{odd}line two")
+    text = render(plan, Options())["gateway.yaml"]
+    config = next(d for d in YAML(typ="safe").load_all(text) if d["kind"] == "ConfigMap")
+    assert config["data"]["plan.json"] == dump_plan(plan.doc), "the gateway would refuse this plan"
+
+
+def test_a_plain_plan_stays_a_block_a_reviewer_can_read(rendered):
+    assert "plan.json: |" in (rendered / "gateway.yaml").read_text()
+
+
+def test_the_namespace_is_rendered_and_comes_first_in_the_stream(rendered, k8s_plan):
+    (namespace,) = _objects(rendered, "Namespace").values()
+    assert namespace["metadata"]["name"] == "llmgw"
+    run = run_llmgw("render", "kubernetes", k8s_plan, "--out", "-")
+    first = next(d for d in YAML(typ="safe").load_all(run.stdout) if d)
+    assert first["kind"] == "Namespace", "kubectl apply creates objects in the order given"
+
+
+def test_two_profiles_with_one_workload_name_are_refused_not_one_lost(k8s_plan):
+    plan = read_plan(k8s_plan)
+    twin = plan.models[1].profiles[0].workload
+    profile = plan.models[0].profiles[0].model_copy(update={"workload": twin})
+    with pytest.raises(Exception, match="would not be deployed"):
+        render(_with(plan, profiles=(profile, *plan.models[0].profiles[1:])), Options())

@@ -357,3 +357,30 @@ def test_gpus_all_taken_names_the_replicas_that_hold_them(tmp_path):
     [finding] = by_rule(result, "placement")
     assert "too few free GPUs for one asking for 1" in finding.message, finding.message
     assert "gpu-1 has 0 of 2 free, held by big (2 GPUs)" in finding.message, finding.message
+
+
+def test_a_source_symlinked_out_of_the_catalogue_is_not_read_nor_its_kind_named(tmp_path):
+    secret = tmp_path / "secret.conf"
+    secret.write_text("root:x:0:0:hunter2\n")
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "weights.gguf").symlink_to(secret)
+    (catalog / "folder").symlink_to(tmp_path)
+    result = run(tmp_path, {
+        "a.yaml": model_yaml("a", source="weights.gguf", weights=None),
+        "b.yaml": model_yaml("b", source="folder/secret.conf", weights=None),
+    })
+    outside = by_rule(result, "source-outside")
+    assert [f.file.rsplit("/", 1)[-1] for f in outside] == ["a.yaml", "b.yaml"], result.findings
+    said = "\n".join(f.message for f in result.findings)
+    assert "root" not in said and "hunter2" not in said, "lint's output quoted the linked file"
+    assert ".conf" not in said.replace("folder/secret.conf", ""), "the target's file type was named"
+    assert not by_rule(result, "gguf-header") and not by_rule(result, "unreadable-format")
+
+
+def test_a_source_written_outside_the_catalogue_is_read_as_before(tmp_path):
+    write_gguf(tmp_path / "m.gguf", "gemma3", layers=6, window=512)
+    result = run(tmp_path, {"m.yaml": model_yaml("m", source="../m.gguf", weights=None)})
+    assert not by_rule(result, "source-outside")
+    [entry] = result.entries
+    assert entry.weights_bytes, "the reviewer sees ../ in the file: it is read"
