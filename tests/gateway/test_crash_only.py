@@ -122,18 +122,29 @@ class _Load:
             time.sleep(0.1)
 
 
+def _first_gateway(tmp_path: Path, engine: Engine) -> tuple[Path, int, subprocess.Popen[bytes]]:
+    """`llmgw serve` on a free port, serving its first plan: the plan's path, the port, the master."""
+    path = tmp_path / "plan.json"
+    first = _plan(engine, 1)
+    write_plan(path, first)
+    port = free_port()
+    master = _serve(path, port)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _serving(url) == first.digest, 30, "the gateway to serve its first plan")
+    except BaseException:
+        stop(master)
+        raise
+    return path, port, master
+
+
 def test_a_gateway_killed_outright_under_load_comes_back_serving_its_last_deploy(
     tmp_path: Path, engine_a: Engine
 ) -> None:
-    path = tmp_path / "plan.json"
-    first = _plan(engine_a, 1)
-    write_plan(path, first)
-    port = free_port()
+    path, port, master = _first_gateway(tmp_path, engine_a)
     url = f"http://127.0.0.1:{port}"
-    master = _serve(path, port)
     restarted: subprocess.Popen[bytes] | None = None
     try:
-        wait_until(lambda: _serving(url) == first.digest, 30, "the gateway to serve its first plan")
         tree = {master.pid, *children(master.pid)}
         assert len(tree) == 3, "a master and its two workers"
         made = list(Path(tempfile.gettempdir()).glob(f"llmgw-metrics-{master.pid}-*"))
@@ -153,12 +164,13 @@ def test_a_gateway_killed_outright_under_load_comes_back_serving_its_last_deploy
         # kill may have been written too, and serving it is as right.
         last = load.sent.index(load.accepted[-1])
         assert served in load.sent[last : last + 2], (
-            f"served {served}, but the last accepted deploy was {load.accepted[-1]}: an accepted deploy was lost"
+            f"served {served}, but the last accepted deploy was {load.accepted[-1]}: "
+            "an accepted deploy was lost"
         )
         answer = httpx.post(url + "/v1/chat/completions", json={"model": "chat", "messages": []}, timeout=10)
         assert answer.status_code == 200, answer.text
         assert took < 15, f"the restarted gateway took {took:.1f}s to serve"
-        assert not any(p.exists() for p in made), "the killed gateway's metrics folder was swept at the restart"
+        assert not any(p.exists() for p in made), "the killed gateway's metrics folder is swept at the restart"
     finally:
         for proc in (master, restarted):
             if proc is not None:
@@ -168,14 +180,9 @@ def test_a_gateway_killed_outright_under_load_comes_back_serving_its_last_deploy
 def test_a_worker_killed_outright_under_load_is_replaced_and_no_deploy_is_lost(
     tmp_path: Path, engine_a: Engine
 ) -> None:
-    path = tmp_path / "plan.json"
-    first = _plan(engine_a, 1)
-    write_plan(path, first)
-    port = free_port()
+    _, port, master = _first_gateway(tmp_path, engine_a)
     url = f"http://127.0.0.1:{port}"
-    master = _serve(path, port)
     try:
-        wait_until(lambda: _serving(url) == first.digest, 30, "the gateway to serve its first plan")
         with _Load(url, engine_a) as load:
             wait_until(lambda: load.answered >= 5 and load.accepted, 30, "requests and a deploy under way")
             time.sleep(random.uniform(0.0, 1.0))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from harness import (
 )
 
 from llmgw.gateway.server.serve import gunicorn_argv, serve_environment
+from llmgw.node.host import port_is_free
 
 
 def plan_file(where: Path, engine: Engine) -> Path:
@@ -125,17 +125,7 @@ def test_workers_die_with_a_master_killed_outright_and_free_the_port(
 
         wait_until(gone, 10, "the workers to die with their master")
         host, port = gw.url.removeprefix("http://").split(":")
-        wait_until(lambda: _bindable(host, int(port)), 10, "the port free for a restarted service")
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
+        wait_until(lambda: port_is_free(host, int(port)), 10, "the port free for a restarted service")
 
 
 def _not_zombie(pid: int) -> bool:
