@@ -167,8 +167,8 @@ def _newly_reached(
                 where,
                 f"this {what} '{words[k]}' lets the key '{key.get('name')}' ({keys_file} key "
                 f"#{index + 1}, models '{pattern}') use {spec.name}, which it could not use in "
-                f"the previous plan; if that key should not, choose a {what} its models do not "
-                f"match, or narrow the key's models in {keys_file}.",
+                f"the previous plan; if that key should not, choose {'an alias' if k else 'a name'} "
+                f"its models do not match, or narrow the key's models in {keys_file}.",
             )
         )
     return findings
