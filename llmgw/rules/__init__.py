@@ -8,7 +8,7 @@ rules/context.py; the model files themselves in llmgw/catalogue.py.
 from __future__ import annotations
 
 from llmgw.findings import Finding
-from llmgw.rules import args, demand, engine_args, external, fleet, limits, memory, names, sources
+from llmgw.rules import args, demand, embedding, external, fleet, limits, memory, names, sources
 from llmgw.rules.context import Context, Rule
 
 
@@ -18,7 +18,7 @@ def all_rules() -> list[Rule]:
         sources.check,
         args.check,
         limits.check,
-        engine_args.check,
+        embedding.check,
         fleet.check,
         memory.check,
         external.check,
