@@ -17,9 +17,29 @@ from llmgw import __version__
 from llmgw.catalogue import Entry
 from llmgw.errors import PlanError
 from llmgw.lint import LintResult
-from llmgw.model import Node
+from llmgw.model import Node, Profile
 from llmgw.place import Slot
-from llmgw.plan import FORMAT_VERSION, Plan, cycle_collector_paused, file_sha256, plan_digest
+from llmgw.plan import (
+    FORMAT_VERSION,
+    FileRef,
+    GeneratedBy,
+    Inputs,
+    NodeUse,
+    OnDemandUse,
+    Plan,
+    PlanModel,
+    PlanNode,
+    PlanProfile,
+    PlanReplica,
+    PlanWarning,
+    PortRange,
+    Target,
+    Workload,
+    cycle_collector_paused,
+    file_sha256,
+    plan_digest,
+)
+from llmgw.plan import Memory as PlanMemory
 
 
 @dataclass(frozen=True)
@@ -37,13 +57,10 @@ class KubernetesTarget:
     def endpoint(self, workload: str) -> str:
         return f"http://{workload}.{self.namespace}.svc.{self.cluster_domain}:{self.port}"
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "kubernetes",
-            "namespace": self.namespace,
-            "cluster_domain": self.cluster_domain,
-            "port": self.port,
-        }
+    def as_target(self) -> Target:
+        return Target(
+            kind="kubernetes", namespace=self.namespace, cluster_domain=self.cluster_domain, port=self.port
+        )
 
 
 def build_plan(
@@ -61,14 +78,9 @@ def build_plan(
 def _build_plan(
     result: LintResult, previous: Plan | None, target: KubernetesTarget | None
 ) -> dict[str, Any]:
-    plan: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "digest": "",
-        "generated_by": {"tool": "llmgw", "version": __version__},
-        "inputs": _inputs(result, previous),
-    }
-    if target is not None:  # absent for the node agents, so their plans read as they always did
-        plan["target"] = target.as_dict()
+    # Built from the plan's own types (llmgw/plan.py), not as a dict by hand: the plan's
+    # shape is written in the schema and the types, which a test keeps in step, and a field
+    # renamed there fails here, at the compiler, not in a reader at run time.
     names = (
         workload_names(
             [(e.spec.name, p.name) for e in result.entries for p in e.spec.profiles if not p.external]
@@ -76,14 +88,26 @@ def _build_plan(
         if target
         else {}
     )
-    plan["nodes"] = [
-        _node(s.node, s.free_gb, s.free_gpus, s.replicas, s.on_demand) for s in result.placement.nodes
-    ]
-    warnings: dict[str, list[dict[str, str]]] = {}
+    warnings: dict[str, list[PlanWarning]] = {}
     for f in result.findings:  # each model's, in one pass rather than a pass per model
         if f.severity == "warning":
-            warnings.setdefault(f.file, []).append({"rule": f.rule, "message": f.message})
-    plan["models"] = [_model(e, result, target, names, warnings.get(e.doc.file, [])) for e in result.entries]
+            warnings.setdefault(f.file, []).append(PlanWarning(rule=f.rule, message=f.message))
+    draft = Plan(
+        format_version=FORMAT_VERSION,
+        digest="",
+        generated_by=GeneratedBy(tool="llmgw", version=__version__),
+        inputs=_inputs(result, previous),
+        target=target.as_target() if target is not None else None,
+        nodes=tuple(
+            _node(s.node, s.free_gb, s.free_gpus, s.replicas, s.on_demand) for s in result.placement.nodes
+        ),
+        models=tuple(
+            _model(e, result, target, names, tuple(warnings.get(e.doc.file, ()))) for e in result.entries
+        ),
+    )
+    # Every field with a default is one the compiler leaves out where it does not apply (no
+    # description, a CPU replica's gpu_ids, an always-on profile's start): no key at all.
+    plan = draft.document()
     plan["digest"] = plan_digest(plan)
     return plan
 
@@ -131,48 +155,43 @@ def _suffixed(name: str, pair: tuple[str, str], attempt: int) -> str:
     return f"{name[:54].rstrip('-')}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
-def _inputs(result: LintResult, previous: Plan | None) -> dict[str, Any]:
-    inputs: dict[str, Any] = {
-        "catalog": result.catalog,
-        "fleet": _file_ref(result.fleet_doc.file, result.fleet_doc.text),
-        "files": [_file_ref(d.file, d.text) for d in result.documents],
-    }
-    if previous is not None:
-        inputs["previous"] = previous.digest
-    return inputs
+def _inputs(result: LintResult, previous: Plan | None) -> Inputs:
+    return Inputs(
+        catalog=result.catalog,
+        fleet=_file_ref(result.fleet_doc.file, result.fleet_doc.text),
+        files=tuple(_file_ref(d.file, d.text) for d in result.documents),
+        previous=previous.digest if previous is not None else None,
+    )
 
 
-def _file_ref(path: str, text: str) -> dict[str, str]:
-    return {"path": path, "sha256": file_sha256(text)}
+def _file_ref(path: str, text: str) -> FileRef:
+    return FileRef(path=path, sha256=file_sha256(text))
 
 
-def _node(
-    node: Node, free_gb: float, free_gpus: int, replicas: int, on_demand: list[float]
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "name": node.name,
-        "address": node.address,
-        "memory_gb": node.memory_gb,
-        "gpus": node.gpu_count,
-        "gpu_memory_gb": node.gpu_memory_gb,
-        "labels": dict(sorted(node.labels.items())),
-    }
-    if node.engines is not None:  # absent: the agent reports nothing, which is not "none"
-        out["engines"] = sorted(node.engines)
-    out["ports"] = {"first": node.ports.first, "last": node.ports.last}
-    out["used"] = {
-        "memory_gb": round(node.memory_gb - free_gb, 3),
-        "gpus": node.gpu_count - free_gpus,
-        "replicas": replicas,
-    }
-    if on_demand:  # absent otherwise, so plans without on-demand profiles read as they did
-        out["on_demand"] = {
-            "replicas": len(on_demand),
-            "memory_gb": round(sum(on_demand), 3),
-            "largest_gb": round(max(on_demand), 3),
-        }
-        out["agent"] = node.agent
-    return out
+def _node(node: Node, free_gb: float, free_gpus: int, replicas: int, on_demand: list[float]) -> PlanNode:
+    return PlanNode(
+        name=node.name,
+        address=node.address,
+        memory_gb=node.memory_gb,
+        gpus=node.gpu_count,
+        gpu_memory_gb=node.gpu_memory_gb,
+        labels=dict(sorted(node.labels.items())),
+        # None: the agent reports nothing, which is not "none"
+        engines=tuple(sorted(node.engines)) if node.engines is not None else None,
+        ports=PortRange(first=node.ports.first, last=node.ports.last),
+        used=NodeUse(
+            memory_gb=round(node.memory_gb - free_gb, 3), gpus=node.gpu_count - free_gpus, replicas=replicas
+        ),
+        # Absent without on-demand replicas, so plans without them read as they did.
+        on_demand=OnDemandUse(
+            replicas=len(on_demand),
+            memory_gb=round(sum(on_demand), 3),
+            largest_gb=round(max(on_demand), 3),
+        )
+        if on_demand
+        else None,
+        agent=node.agent if on_demand else None,
+    )
 
 
 def _model(
@@ -180,73 +199,72 @@ def _model(
     result: LintResult,
     target: KubernetesTarget | None,
     names: dict[tuple[str, str], str],
-    warnings: list[dict[str, str]],
-) -> dict[str, Any]:
+    warnings: tuple[PlanWarning, ...],
+) -> PlanModel:
     spec = entry.spec
-    out: dict[str, Any] = {"name": spec.name}
-    if spec.description is not None:  # undescribed: no key at all, never ""
-        out["description"] = spec.description.strip()
-    out["aliases"] = list(spec.aliases)
-    out["task"] = spec.task
-    out["source"] = spec.source
-    out["format"] = entry.source.format
-    if entry.weights_bytes is not None:
-        out["weights_bytes"] = entry.weights_bytes
-    out["context_length"] = spec.context_length
-    if spec.max_output is not None:
-        out["max_output"] = spec.max_output
-    out["replicas"] = spec.replicas
-    out["file"] = entry.doc.file
-    out["profiles"] = [_profile(entry, p, result, target, names) for p in spec.routing_order()]
-    out["warnings"] = warnings
-    return out
+    return PlanModel(
+        name=spec.name,
+        # Undescribed: no key at all, never "".
+        description=spec.description.strip() if spec.description is not None else None,
+        aliases=tuple(spec.aliases),
+        task=spec.task,
+        source=spec.source,
+        format=entry.source.format,
+        weights_bytes=entry.weights_bytes,
+        context_length=spec.context_length,
+        max_output=spec.max_output,
+        replicas=spec.replicas,
+        file=entry.doc.file,
+        profiles=tuple(_profile(entry, p, result, target, names) for p in spec.routing_order()),
+        warnings=warnings,
+    )
 
 
 def _profile(
     entry: Entry,
-    profile: Any,
+    profile: Profile,
     result: LintResult,
     target: KubernetesTarget | None,
     names: dict[tuple[str, str], str],
-) -> dict[str, Any]:
+) -> PlanProfile:
     spec = entry.spec
-    out: dict[str, Any] = {
-        "name": profile.name,
-        "engine": profile.engine,
-        "priority": profile.priority,
-        "weight": profile.weight,
-        "ctx_size": spec.ctx_size_for(profile),
-        "args": list(profile.args),
-        "gpus": profile.gpus_needed,
-        "node_selector": dict(sorted(profile.node_selector.items())),
-    }
     memory = entry.memory(profile)
-    if memory is not None:
-        out["memory"] = memory.as_dict()
-    out["served_name"] = spec.name
-    out["routing"] = spec.routing_for(profile)
-    out["external"] = profile.external
-    if profile.on_demand:  # absent for always-on, so existing plans keep their bytes
-        out["start"] = "on-demand"
-        out["idle_stop_s"] = profile.idle_stop_s
+    workload: Workload | None = None
+    replicas: tuple[PlanReplica, ...]
     if profile.external:
-        out["replicas"] = [{"endpoint": e.rstrip("/")} for e in profile.endpoints]
+        replicas = tuple(PlanReplica(endpoint=e.rstrip("/")) for e in profile.endpoints or ())
     elif target is not None:
         # The fit check placed every replica (a plan promises only what the cluster can
         # hold), but the scheduler chooses the nodes: the plan names the workload instead.
         name = names[(spec.name, profile.name)]
         placed = len(result.placement.replicas(spec.name, profile.name))
-        out["workload"] = {"name": name, "replicas": placed}
-        out["replicas"] = [{"endpoint": target.endpoint(name), "discovery": "dns"}] if placed else []
+        workload = Workload(name=name, replicas=placed)
+        replicas = (PlanReplica(endpoint=target.endpoint(name), discovery="dns"),) if placed else ()
     else:
-        out["replicas"] = [_replica(s) for s in result.placement.replicas(spec.name, profile.name)]
-    return out
+        replicas = tuple(_replica(s) for s in result.placement.replicas(spec.name, profile.name))
+    return PlanProfile(
+        name=profile.name,
+        engine=profile.engine,
+        priority=profile.priority,
+        weight=profile.weight,
+        ctx_size=spec.ctx_size_for(profile),
+        args=tuple(profile.args),
+        gpus=profile.gpus_needed,
+        node_selector=dict(sorted(profile.node_selector.items())),
+        memory=None if memory is None else PlanMemory(gb=memory.gb, source=memory.source, basis=memory.basis),
+        served_name=spec.name,
+        routing=spec.routing_for(profile),
+        external=profile.external,
+        # Absent for always-on, so existing plans keep their bytes.
+        start="on-demand" if profile.on_demand else None,
+        idle_stop_s=profile.idle_stop_s if profile.on_demand else None,
+        workload=workload,
+        replicas=replicas,
+    )
 
 
-def _replica(slot: Slot) -> dict[str, Any]:
-    out: dict[str, Any] = {"endpoint": slot.endpoint, "node": slot.node.name, "port": slot.port}
-    if slot.gpu_ids:  # absent for a CPU replica, so CPU-only plans read as they always did
-        out["gpu_ids"] = list(slot.gpu_ids)
-    return out
-
-
+def _replica(slot: Slot) -> PlanReplica:
+    # gpu_ids absent for a CPU replica, so CPU-only plans read as they always did.
+    return PlanReplica(
+        endpoint=slot.endpoint, node=slot.node.name, port=slot.port, gpu_ids=tuple(slot.gpu_ids)
+    )

@@ -65,9 +65,6 @@ class Memory:
     source: Literal["declared", "estimated"]
     basis: str
 
-    def as_dict(self) -> dict[str, object]:
-        return {"gb": self.gb, "source": self.source, "basis": self.basis}
-
 
 def memory_for(
     spec: ModelSpec,
