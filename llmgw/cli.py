@@ -18,7 +18,13 @@ from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.build import KubernetesTarget, build_plan
 from llmgw.errors import FleetError, LlmgwError, UsageError
-from llmgw.keys import add_key, add_keys_findings, catalogue_names, patterns_matching_nothing
+from llmgw.keys import (
+    add_key,
+    add_keys_findings,
+    catalogue_names,
+    key_name_is_valid,
+    patterns_matching_nothing,
+)
 from llmgw.lint import LintResult, lint
 from llmgw.plan import dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
@@ -499,7 +505,7 @@ def keys_add_command(
     catalog: Path | None,
 ) -> None:
     """Make a new random key for NAME, append its hash to keys.yaml, and print the key once."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
+    if not key_name_is_valid(name):
         raise click.BadParameter(
             "use letters, digits, '.', '_' or '-' (it labels metrics)", param_hint="NAME"
         )

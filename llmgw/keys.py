@@ -27,6 +27,7 @@ from llmgw.lint import LintResult, catalogue_files
 from llmgw.load import Document, load_document
 from llmgw.nesting import too_deep_at, too_deep_sentence
 from llmgw.plan import Plan
+from llmgw.schema import dates_as_text, proves_valid
 from llmgw.validate import check_document
 
 MODELINE = "# yaml-language-server: $schema=schema/keys.schema.json\n"
@@ -48,7 +49,7 @@ def lint_keys(
     if doc is None or findings:
         return findings
     # YAML reads 2027-01-31 as a date; the schema (as editors read it) says a string.
-    checked = Document(doc.file, doc.text, _dates_as_text(doc.data))
+    checked = Document(doc.file, doc.text, dates_as_text(doc.data))
     problems, data = check_document(checked, "keys")
     if data is None:
         return problems
@@ -174,6 +175,12 @@ def _newly_reached(
     return findings
 
 
+def key_name_is_valid(name: str) -> bool:
+    """Whether keys.yaml's schema takes `name` as a key's name: the one rule, which the
+    gateway and editors read too."""
+    return proves_valid("keys")({"keys": [{"name": name, "sha256": "0" * 64}]})
+
+
 def add_keys_findings(result: LintResult, keys_path: Path | None, previous: Plan | None = None) -> None:
     """keys.yaml's findings joined to the catalogue's: lint and plan report the same ones, so
     a keys file lint fails also stops the plan (plan once passed it, though it "runs lint").
@@ -187,16 +194,6 @@ def add_keys_findings(result: LintResult, keys_path: Path | None, previous: Plan
             f"--keys {keys_path} does not exist; give the keys.yaml to check, or leave --keys out."
         )
     result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries, previous=previous)])
-
-
-def _dates_as_text(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _dates_as_text(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_dates_as_text(v) for v in data]
-    if isinstance(data, dt.date):
-        return data.isoformat()
-    return data
 
 
 def _text_of(path: Path) -> str:

@@ -71,3 +71,29 @@ def proves_valid(name: str) -> Check:
         return True
 
     return proves
+
+
+def dates_as_text(data: Any) -> Any:
+    """YAML's dates as the schemas' strings: the safe loader makes `2027-01-31` a date, and a
+    schema says `"type": "string", "format": "date"` for what a person writes there."""
+    import datetime as dt
+
+    if isinstance(data, dict):
+        return {k: dates_as_text(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [dates_as_text(v) for v in data]
+    if isinstance(data, dt.date):
+        return data.isoformat()
+    return data
+
+
+def first_error_path(name: str, document: Any) -> tuple[str | int, ...] | None:
+    """Where in `document` the schema `name` finds its most telling error; None when valid.
+    For readers at the edge (a worker reading keys.yaml) that refuse with their own sentence
+    rather than lint's findings, but decide by the same schema."""
+    if proves_valid(name)(document):
+        return None
+    from jsonschema.exceptions import best_match
+
+    error = best_match(validator(name).iter_errors(document))
+    return tuple(error.absolute_path) if error is not None else ()

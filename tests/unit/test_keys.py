@@ -6,6 +6,9 @@ import datetime as dt
 import hashlib
 from pathlib import Path
 
+import pytest
+
+from llmgw.errors import UsageError
 from llmgw.gateway.state.keys import read_keys_file
 from llmgw.keys import add_key, lint_keys
 from llmgw.lint import lint
@@ -181,3 +184,21 @@ def test_a_key_reaching_what_it_reached_before_or_naming_a_new_model_is_quiet(tm
     found = _reach(tmp_path / "1", before, after, '["a-chat", "new-model"]')
     assert found == [], "a-chat was reached before, and new-model is named by the key itself"
     assert len(_reach(tmp_path / "2", before, after, '["a-*"]')) == 1, "a-chat-2 is new and reached by a glob"
+
+
+def test_lint_the_gateway_and_keys_add_refuse_the_same_names_by_the_one_schema(llmgw, tmp_path: Path) -> None:
+    # A name with a trailing newline: the schema refused it, and the gateway's hand-written
+    # check once let it through, so a key lint failed on was served.
+    text = f'keys:\n  - name: "team\\n"\n    sha256: {A}\n'
+    found = lint_of(tmp_path, text)
+    assert len(found) == 1 and "error[schema]" in found[0], found
+    path = tmp_path / "served.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=r"key #1 \('team'\): `name` must be letters"):
+        read_keys_file(path)
+    added = llmgw("keys", "add", "team\n", "--keys", str(tmp_path / "new.yaml"))
+    assert added.code == 2 and "NAME" in added.stderr, added
+    assert not (tmp_path / "new.yaml").exists()
+    path.write_text(f"keys:\n  - name: team\n    sha256: {A}\n    rpm: 0\n")
+    with pytest.raises(UsageError, match=r"key #1 \('team'\): `rpm` must be a whole number of 1 or more"):
+        read_keys_file(path)

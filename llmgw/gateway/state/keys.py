@@ -32,12 +32,22 @@ from ruamel.yaml.error import YAMLError
 from llmgw.atomic import file_signature, replace_file
 from llmgw.errors import UsageError
 from llmgw.nesting import too_deep_at, too_deep_sentence
+from llmgw.schema import dates_as_text, first_error_path
 
 log = logging.getLogger("llmgw.gateway")
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_FIELDS = frozenset({"name", "sha256", "models", "rpm", "tpm", "expires"})
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")  # the plain digest file's lines, which have no schema
+# What each field of keys.yaml must be, said to the operator; whether it is, the schema decides
+# (schema/keys.schema.json), as it does for lint and editors: checks written here by hand once
+# let a name with a trailing newline through that the schema refused.
+_FIELD_SENTENCES = {
+    "name": "`name` must be letters, digits, '.', '_' or '-', at most 63 (it labels metrics)",
+    "sha256": "`sha256` must be the key's SHA-256 in hex on one line; `llmgw keys add` writes one",
+    "models": "`models` must be a list of model names, aliases or globs",
+    "rpm": "`rpm` must be a whole number of 1 or more; leave it out for no limit",
+    "tpm": "`tpm` must be a whole number of 1 or more; leave it out for no limit",
+    "expires": "`expires` must be a date, e.g. 2027-01-31",
+}
 
 
 @dataclass(frozen=True)
@@ -99,9 +109,8 @@ def read_keys_file(path: Path) -> dict[str, Tenant]:
             "keys.yaml kept in git beside the catalogue."
         ) from None
     doc = _yaml(_utf8(raw, path, "LLMGW_KEYS_FILE"), path)
-    entries = doc.get("keys") if isinstance(doc, dict) else None
-    if not isinstance(entries, list):
-        raise UsageError(f"{path} (LLMGW_KEYS_FILE) has no `keys:` list; write `keys: []` for none.")
+    _check_schema(doc, path)
+    entries = doc["keys"]
     tenants: dict[str, Tenant] = {}
     names: set[str] = set()
     for number, entry in enumerate(entries, 1):
@@ -149,44 +158,46 @@ def _yaml(text: str, path: Path) -> Any:
         ) from None
 
 
-def _entry(path: Path, number: int, entry: Any) -> tuple[Tenant, str]:
-    where = f"{path} (LLMGW_KEYS_FILE), key #{number}"
-    if not isinstance(entry, dict):
-        raise UsageError(f"{where} is not a mapping; write `- name: ...` with `sha256: ...`.")
-    unknown = sorted(set(entry) - _FIELDS)
-    if unknown:
+def _check_schema(doc: Any, path: Path) -> None:
+    where = first_error_path("keys", dates_as_text(doc))
+    if where is None:
+        return
+    if len(where) < 2 or where[0] != "keys" or not isinstance(where[1], int):
         raise UsageError(
-            f"{where} has unknown field(s) {', '.join(map(str, unknown))}; "
-            f"a key takes only {', '.join(sorted(_FIELDS))}."
+            f"{path} (LLMGW_KEYS_FILE) must be `keys:` and a list of keys, each `- name: ...` with "
+            "`sha256: ...` (`keys: []` for none). `llmgw lint --keys FILE` says where."
         )
-    name, digest = entry.get("name"), entry.get("sha256")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise UsageError(f"{where}: `name` must be letters, digits, '.', '_' or '-' (it labels metrics).")
-    if not isinstance(digest, str) or not _HEX64.match(digest.lower()):
-        raise UsageError(
-            f"{where} ('{name}'): `sha256` must be the key's SHA-256 in hex; `llmgw keys add` writes one."
-        )
-    models = entry.get("models")
-    if models is not None and (
-        not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)
-    ):
-        raise UsageError(f"{where} ('{name}'): `models` must be a list of model names, aliases or globs.")
-    limits = {}
-    for field in ("rpm", "tpm"):
-        value = entry.get(field)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(
-                f"{where} ('{name}'): `{field}` must be a whole number of 1 or more; "
-                "leave it out for no limit."
-            )
-        limits[field] = value
+    number, entry = where[1] + 1, doc["keys"][where[1]]
+    name = entry.get("name") if isinstance(entry, dict) else None
+    label = f"key #{number}" + (f" ('{name.strip()}')" if isinstance(name, str) else "")
+    field = str(where[2]) if len(where) > 2 else None
+    if field in _FIELD_SENTENCES:
+        what = _FIELD_SENTENCES[field]
+    elif not isinstance(entry, dict):
+        what = "it is not a mapping; write `- name: ...` with `sha256: ...`"
+    else:
+        fields = ", ".join(sorted(_FIELD_SENTENCES))
+        what = f"a key takes {fields}, and needs name and sha256"
+    raise UsageError(f"{path} (LLMGW_KEYS_FILE), {label}: {what}. `llmgw lint --keys FILE` says where.")
+
+
+def _entry(path: Path, number: int, entry: dict[str, Any]) -> tuple[Tenant, str]:
+    """One entry the schema passed, as the tenant it names and its key's digest."""
     expires = entry.get("expires")
-    if expires is not None and not isinstance(expires, dt.date):
-        raise UsageError(f"{where} ('{name}'): `expires` must be a date, e.g. 2027-01-31.")
     if isinstance(expires, dt.datetime):
         expires = expires.date()
-    tenant = Tenant(name, None if models is None else tuple(models), limits["rpm"], limits["tpm"], expires)
-    return tenant, digest.lower()
+    elif isinstance(expires, str):  # quoted, so YAML left it text: the schema checks no format
+        try:
+            expires = dt.date.fromisoformat(expires)
+        except ValueError:
+            raise UsageError(
+                f"{path} (LLMGW_KEYS_FILE), key #{number} ('{entry['name']}'): "
+                f"{_FIELD_SENTENCES['expires']}, not {expires!r}."
+            ) from None
+    models = entry.get("models")
+    rpm, tpm = entry.get("rpm"), entry.get("tpm")
+    tenant = Tenant(entry["name"], None if models is None else tuple(models), rpm, tpm, expires)
+    return tenant, entry["sha256"].lower()
 
 
 class Keys:
