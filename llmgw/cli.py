@@ -628,56 +628,15 @@ def node_status_command(agent_url: str) -> None:
     """Print a running agent's replicas as a table."""
     import httpx
 
+    from llmgw.report.node_status import status_lines
+
     url = agent_url.rstrip("/") + "/status"
     try:
         doc = httpx.get(url, timeout=10, trust_env=False).json()
     except (httpx.HTTPError, ValueError) as exc:
         raise UsageError(f"no agent answers at {url} ({exc}); start one with `llmgw node`.") from None
-    click.echo(f"node {doc['node']}, plan {doc['plan_digest']}")
-    memory = doc.get("memory")  # absent from an agent older than on-demand replicas
-    if memory and memory.get("total_gb") is not None:
-        free = memory["available_gb"]
-        click.echo(
-            f"memory: {memory['always_on_gb']:g} GB always-on + {memory['on_demand_gb']:g} GB on demand "
-            f"of {memory['total_gb']:g} GB; the machine has "
-            + ("unknown" if free is None else f"{free:.1f} GB")
-            + " available"
-        )
-    rows: list[tuple[str, ...]] = [
-        (
-            "MODEL",
-            "PROFILE",
-            "ENDPOINT",
-            "START",
-            "STATE",
-            "PID",
-            "IN FLIGHT",
-            "STARTS",
-            "RESTARTS",
-            "LOG",
-            "MESSAGE",
-        )
-    ]
-    for r in doc["replicas"]:
-        on_demand = r.get("start") == "on-demand"
-        rows.append(
-            (
-                r["model"],
-                r["profile"],
-                r["endpoint"],
-                "on-demand" if on_demand else "always",
-                r["state"],
-                str(r["pid"] or "-"),
-                str(r["in_flight"]) if on_demand else "-",
-                str(r.get("starts", "-")),
-                str(r["restarts"]),
-                r.get("log") or "-",  # where to look when the message is not enough
-                r["message"] or "",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    for line in status_lines(doc):
+        click.echo(line)
 
 
 @main.command("up")
@@ -759,6 +718,7 @@ def render_kubernetes_command(
         parse_pairs,
         render,
         stream,
+        write_manifests,
     )
 
     options = Options(
@@ -772,28 +732,8 @@ def render_kubernetes_command(
     if out_dir == "-":
         click.echo(stream(files), nl=False)
         return
-    _write_manifests(Path(out_dir), files)
+    write_manifests(Path(out_dir), files)
     click.echo(f"Wrote {len(files)} file(s) to {out_dir}.", err=True)
-
-
-def _write_manifests(folder: Path, files: dict[str, str]) -> None:
-    from llmgw.render.kubernetes import HEADER
-
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        # A model dropped from the plan must not leave its Deployment behind in the folder
-        # Argo CD syncs; only files this command wrote are removed.
-        first_line = HEADER.split("\n", 1)[0].split("(")[0]
-        for old in folder.glob("engine-*.yaml"):
-            if old.name not in files and old.read_text("utf-8").startswith(first_line):
-                old.unlink()
-        for name, text in files.items():
-            _write_atomically(folder / name, text)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write the manifests to {folder}: {exc.strerror or exc}; "
-            "give --out a folder you may write to, or - for standard output."
-        ) from None
 
 
 @main.command("fetch")

@@ -17,12 +17,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, LiteralScalarString
 
 from llmgw import __version__
+from llmgw.atomic import replace_file
 from llmgw.engines import engine_command, fetched_weights
 from llmgw.errors import UsageError
 from llmgw.plan import Plan, PlanModel, PlanProfile, Target, dump_plan
@@ -439,3 +441,22 @@ def _file(documents: list[dict[str, Any]]) -> str:
     out = StringIO()
     yaml.dump_all(documents, out)
     return HEADER.format(version=__version__) + out.getvalue()
+
+
+def write_manifests(folder: Path, files: dict[str, str]) -> None:
+    """Write `files` into `folder`, each by an atomic rename; UsageError when it cannot."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # A model dropped from the plan must not leave its Deployment behind in the folder
+        # Argo CD syncs; only files this command wrote are removed.
+        first_line = HEADER.split("\n", 1)[0].split("(")[0]
+        for old in folder.glob("engine-*.yaml"):
+            if old.name not in files and old.read_text("utf-8").startswith(first_line):
+                old.unlink()
+        for name, text in files.items():
+            replace_file(folder / name, text.encode("utf-8"))
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the manifests to {folder}: {exc.strerror or exc}; "
+            "give --out a folder you may write to, or - for standard output."
+        ) from None
