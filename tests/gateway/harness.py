@@ -14,8 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -214,6 +215,48 @@ class Gateway:
                 with contextlib.suppress(ValueError):
                     lines.append(json.loads(line))
         return lines
+
+
+class Load:
+    """Clients asking one question after another until stopped; every failure is kept.
+
+    `body(n)` makes the n-th request's body (so a test can alternate streamed and not);
+    `done` counts the requests sent, `failures` what was not a 200.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        body: Callable[[int], dict[str, Any]],
+        clients: int = 4,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.url, self.body, self.headers = url, body, headers or {}
+        self.failures: list[str] = []
+        self.done = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+
+    def _client(self) -> None:
+        with httpx.Client(timeout=30, headers=self.headers) as client:
+            while not self._stop.is_set():
+                try:
+                    answer = client.post(self.url + "/v1/chat/completions", json=self.body(self.done))
+                    if answer.status_code != 200:
+                        self.failures.append(f"{answer.status_code} {answer.text[:200]}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(repr(exc))
+                self.done += 1
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
 
 
 def wait_until(check: Any, timeout: float, what: str) -> Any:

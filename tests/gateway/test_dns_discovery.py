@@ -4,7 +4,6 @@ that stops answering leaves the last answer routing, and /readyz says so."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from dns_server import DnsServer
-from harness import Engine, engine, free_port, gateway, model, plan, write_plan
+from harness import Engine, Load, engine, free_port, gateway, model, plan, write_plan
 
 from llmgw.plan import PlanProfile, PlanReplica, Workload
 
@@ -42,37 +41,8 @@ def _plan_file(tmp_path: Path, port: int) -> Path:
     return path
 
 
-class Load:
-    """Clients asking one question after another until stopped; every failure is kept."""
-
-    def __init__(self, url: str, clients: int = 6) -> None:
-        self.url = url
-        self.failures: list[str] = []
-        self.done = 0
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
-
-    def _client(self) -> None:
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "fake_delay_first": 0.05}
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set():
-                try:
-                    answer = client.post(self.url + "/v1/chat/completions", json=body)
-                    if answer.status_code != 200:
-                        self.failures.append(f"{answer.status_code} {answer.text[:200]}")
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
-                self.done += 1
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
+def _asking(n: int) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "fake_delay_first": 0.05}
 
 
 def _routes_to(gw, expected: set[str], port: int) -> None:
@@ -90,7 +60,7 @@ def test_addresses_added_and_removed_under_load_and_no_request_fails(engines, tm
     with DnsServer(ttl=1) as dns:
         dns.records[NAME] = [HOSTS[0], HOSTS[1]]
         env = {"LLMGW_DNS_SERVERS": dns.address, "LLMGW_DNS_INTERVAL": "0.5"}
-        with gateway(_plan_file(tmp_path, port), **env) as gw, Load(gw.url) as load:
+        with gateway(_plan_file(tmp_path, port), **env) as gw, Load(gw.url, _asking, clients=6) as load:
             _routes_to(gw, {HOSTS[0], HOSTS[1]}, port)
             time.sleep(1)
             dns.records[NAME] = list(HOSTS)  # a pod became ready

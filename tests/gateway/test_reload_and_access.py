@@ -6,7 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from harness import (
     ROOT,
     Engine,
     Gateway,
+    Load,
     free_port,
     gateway,
     key_digest,
@@ -64,37 +64,9 @@ def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {KEY}"}
 
 
-class Hammer:
-    """Clients sending requests the whole time a test runs; every answer must be a 200."""
-
-    def __init__(self, url: str, threads: int = 4) -> None:
-        self.url = url
-        self.stopping = threading.Event()
-        self.failures: list[str] = []
-        self.count = 0
-        self.threads = [threading.Thread(target=self._run) for _ in range(threads)]
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30, headers=auth()) as client:
-            while not self.stopping.is_set():
-                body = {"model": "default", "messages": [], "stream": self.count % 2 == 0}
-                try:
-                    answer = client.post(self.url + "/v1/chat/completions", json=body)
-                    if answer.status_code != 200:
-                        self.failures.append(f"{answer.status_code} {answer.text[:200]}")
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
-                self.count += 1
-
-    def __enter__(self) -> Hammer:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        for t in self.threads:
-            t.join(30)
+def _hammer(url: str) -> Load:
+    """Clients sending requests the whole time a test runs, streamed and not; every answer must be a 200."""
+    return Load(url, lambda n: {"model": "default", "messages": [], "stream": n % 2 == 0}, headers=auth())
 
 
 def every_worker_serves(gw: Gateway, digest: str) -> None:
@@ -111,7 +83,7 @@ def test_a_replaced_plan_is_served_by_every_worker_and_no_request_fails(
 ) -> None:
     gw, _ = served
     new = plan_on(engine_b.url, served="chat-on-b")
-    with Hammer(gw.url) as hammer:
+    with _hammer(gw.url) as hammer:
         write_plan(gw.plan_path, new)
         every_worker_serves(gw, new.digest)
         answer = httpx.post(
@@ -123,7 +95,7 @@ def test_a_replaced_plan_is_served_by_every_worker_and_no_request_fails(
         assert answer.json()["system_fingerprint"] == "b"
         assert "chat-on-b" in engine_b.stats()["models_seen"], "sent under the new plan's name"
         assert answer.headers[DIGEST_HEADER] == new.digest
-    assert hammer.count > 0
+    assert hammer.done > 0
     assert not hammer.failures, hammer.failures[:5]
     metrics = httpx.get(gw.url + "/metrics", timeout=10).text
     loaded = metric_value(metrics, "llmgw_plan_reloads_total", 'result="loaded"')
@@ -134,7 +106,7 @@ def test_a_bad_plan_is_refused_and_the_old_one_keeps_serving(
     served: tuple[Gateway, Plan],
 ) -> None:
     gw, doc = served
-    with Hammer(gw.url) as hammer:
+    with _hammer(gw.url) as hammer:
         tampered = dict(doc.doc, models=doc.doc["models"][:1])  # digest no longer matches
         write_plan(gw.plan_path, tampered)
         # A worker that has not looked at the file yet also serves the old digest, so each
