@@ -154,7 +154,7 @@ DOCUMENT: dict[str, Any] = {
         "title": "llmgw",
         "version": "1",
         "description": "An OpenAI-compatible gateway for self-hosted models. Every error has "
-        "OpenAI's shape and a message that says what to do.",
+        "OpenAI's shape (Anthropic's on /v1/messages) and a message that says what to do.",
     },
     "paths": {
         "/v1/models": {
