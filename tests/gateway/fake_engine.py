@@ -293,10 +293,14 @@ class _Connection(asyncio.Protocol):
         if request.get("fake_delay_body"):
             await asyncio.sleep(float(request["fake_delay_body"]))
         if kind in _EVENTS:
-            for name, data in _EVENTS[kind](model, int(request.get("fake_chunks") or 3)):
+            hangup = request.get("fake_hangup_after")
+            for i, (name, data) in enumerate(_EVENTS[kind](model, int(request.get("fake_chunks") or 3))):
                 await self.writable.wait()
                 if self.closed:
                     self.engine.disconnects += 1
+                    return
+                if hangup is not None and i == int(hangup):
+                    self.transport.close()
                     return
                 event = b"event: %s\ndata: %s\n\n" % (name.encode(), json.dumps(data).encode())
                 self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))

@@ -4,6 +4,7 @@ answer in llama-server's shapes: keys with limits, usage charged, the model rena
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ RESPONSES, RESPONSES_STREAM, MESSAGES, MESSAGES_STREAM, COUNTING = (
     "sk-counting",
 )
 NARROW = "sk-narrow"  # may use only the reranker
+OTHER = "sk-other"  # for the tests that charge nothing they check
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine, engine_b:
         "keys:\n"
         + "".join(
             f"  - {{name: {key.removeprefix('sk-')}, sha256: {key_digest(key)}, {limited}}}\n"
-            for key in (RESPONSES, RESPONSES_STREAM, MESSAGES, MESSAGES_STREAM, COUNTING)
+            for key in (RESPONSES, RESPONSES_STREAM, MESSAGES, MESSAGES_STREAM, COUNTING, OTHER)
         )
         + f"  - {{name: narrow, sha256: {key_digest(NARROW)}, models: [ranker], {limited}}}\n"
     )
@@ -127,7 +129,7 @@ def test_a_streamed_response_arrives_event_by_event_renamed_and_charged(served: 
 
 def test_a_response_over_max_output_is_refused_before_the_engine(served: Gateway) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        openai_client(served, RESPONSES).responses.create(model="g", input="hi", max_output_tokens=65)
+        openai_client(served, OTHER).responses.create(model="g", input="hi", max_output_tokens=65)
     error = caught.value.body
     assert isinstance(error, dict) and error["code"] == "max_tokens_exceeded"
     assert error["param"] == "max_output_tokens" and "64" in error["message"]
@@ -170,6 +172,27 @@ def test_a_streamed_message_arrives_event_by_event_renamed_and_charged(served: G
     charged(served, MESSAGES_STREAM, tokens=6, requests=1)
 
 
+def test_a_message_stream_the_engine_breaks_off_ends_with_an_error_event_in_anthropics_shape(
+    served: Gateway,
+) -> None:
+    body = {"model": "g", "max_tokens": 8, "messages": [], "stream": True, "fake_hangup_after": 3}
+    with httpx.stream(
+        "POST", served.url + "/v1/messages", json=body, headers={"x-api-key": OTHER}, timeout=10
+    ) as answer:
+        text = answer.read().decode()
+    assert answer.status_code == 200
+    events = [e for e in text.split("\n\n") if e.strip()]
+    assert [e.split("\n")[0] for e in events] == [
+        "event: message_start",
+        "event: content_block_start",
+        "event: content_block_delta",
+        "event: error",
+    ]
+    error = json.loads(events[-1].split("data: ", 1)[1])
+    assert error["type"] == "error" and error["error"]["type"] == "api_error"
+    assert "broke the connection" in error["error"]["message"]
+
+
 def test_count_tokens_counts_toward_rpm_but_not_tpm(served: Gateway, engine_a: Engine) -> None:
     client = anthropic_client(served, COUNTING)
     counted = client.messages.count_tokens(model="g", messages=[{"role": "user", "content": "hi"}])
@@ -199,7 +222,7 @@ def test_a_message_for_a_model_the_key_may_not_use_is_403_in_anthropics_shape(se
 
 def test_a_message_for_an_unknown_model_is_404_in_anthropics_shape(served: Gateway) -> None:
     with pytest.raises(anthropic.NotFoundError) as caught:
-        anthropic_client(served, MESSAGES).messages.create(
+        anthropic_client(served, OTHER).messages.create(
             model="gemmma", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
         )
     body = caught.value.body
@@ -219,7 +242,7 @@ def test_messages_without_a_key_are_401_in_anthropics_shape_and_name_x_api_key(s
 
 def test_a_message_over_max_output_is_400_in_anthropics_shape(served: Gateway) -> None:
     with pytest.raises(anthropic.BadRequestError) as caught:
-        anthropic_client(served, MESSAGES).messages.create(
+        anthropic_client(served, OTHER).messages.create(
             model="g", max_tokens=65, messages=[{"role": "user", "content": "hi"}]
         )
     body = caught.value.body
@@ -251,7 +274,7 @@ def test_rerank_passes_llama_servers_body_and_answer_renamed(served: Gateway, en
 
 
 def test_a_chat_model_is_refused_on_rerank_and_a_reranker_on_chat(served: Gateway) -> None:
-    headers = {"Authorization": f"Bearer {MESSAGES}"}
+    headers = {"Authorization": f"Bearer {OTHER}"}
     wrong = httpx.post(
         served.url + "/v1/rerank",
         json={"model": "g", "query": "q", "documents": ["d"]},
@@ -272,7 +295,7 @@ def test_a_chat_model_is_refused_on_rerank_and_a_reranker_on_chat(served: Gatewa
 
 
 def test_models_say_which_endpoints_each_model_answers(served: Gateway) -> None:
-    listed = httpx.get(served.url + "/v1/models", headers={"x-api-key": MESSAGES}, timeout=10).json()
+    listed = httpx.get(served.url + "/v1/models", headers={"x-api-key": OTHER}, timeout=10).json()
     endpoints = {m["id"]: m["endpoints"] for m in listed["data"]}
     assert endpoints == {
         "gemma": [
