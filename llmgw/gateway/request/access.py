@@ -43,8 +43,10 @@ def bearer_token(authorization: str | None) -> str | None:
 def _credentials(req: falcon.asgi.Request) -> str | None:
     """The key a request carries: OpenAI's clients send it as a bearer token, Anthropic's
     as `x-api-key`; the bearer token wins when both come."""
-    given = bearer_token(req.get_header("Authorization")) or req.get_header("x-api-key")
-    return given.strip() or None if given else None
+    bearer = bearer_token(req.get_header("Authorization"))
+    if bearer:
+        return bearer
+    return (req.get_header("x-api-key") or "").strip() or None
 
 
 def is_api_path(path: str) -> bool:

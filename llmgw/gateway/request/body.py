@@ -110,7 +110,8 @@ def parse_request(body: bytes) -> dict[str, Any]:
 
 
 def wrong_endpoint(model: Model, path: str) -> ApiError:
-    right = " or ".join(GATEWAY_PATHS[k] for k in GATEWAY_PATHS if k in ENDPOINTS_FOR_TASK[model.task])
+    paths = [path for kind, path in GATEWAY_PATHS.items() if kind in ENDPOINTS_FOR_TASK[model.task]]
+    right = " or ".join(paths) if len(paths) < 3 else ", ".join(paths[:-1]) + " or " + paths[-1]
     return ApiError(
         400,
         f"'{model.name}' is {_article(model.task)} {model.task} model; send it to POST {right}, not {path}.",
