@@ -126,6 +126,12 @@ def test_a_streamed_response_arrives_event_by_event_renamed_and_charged(served: 
     assert done.usage is not None and (done.usage.input_tokens, done.usage.output_tokens) == (3, 3)
     charged(served, RESPONSES_STREAM, tokens=6, requests=1)
 
+    def logged() -> dict[str, Any] | None:
+        return next((r for r in served.access_lines() if r.get("key") == "responses-stream"), None)
+
+    line = wait_until(logged, 10, "the stream's access log line")
+    assert (line["path"], line["model"], line["status"]) == ("/v1/responses", "gemma", 200)
+
 
 def test_a_response_over_max_output_is_refused_before_the_engine(served: Gateway) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
