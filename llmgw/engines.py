@@ -2,7 +2,7 @@
 the node agent calls it, and so does every renderer for another orchestrator.
 
     llama.cpp   llama-server --model FILE --host ADDRESS --port PORT --ctx-size CTX
-                             --alias SERVED_NAME [--embeddings] ARGS...
+                             --alias SERVED_NAME [--embeddings | --reranking] ARGS...
     vLLM        vllm serve SOURCE --host ADDRESS --port PORT --max-model-len CONTEXT
                            --served-model-name SERVED_NAME ARGS...
                 with CUDA_VISIBLE_DEVICES set to the replica's GPUs
@@ -123,6 +123,9 @@ def engine_command(
             and "--embedding" not in profile.args
         ):
             argv.append("--embeddings")
+        # Without it llama-server loads a reranker and answers 501 to every /v1/rerank.
+        if model.task == "rerank" and "--reranking" not in profile.args and "--rerank" not in profile.args:
+            argv.append("--reranking")
         return EngineCommand((*argv, *profile.args))
     argv = [
         exe,

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 Engine = Literal["llamacpp", "vllm"]
-Task = Literal["chat", "completion", "embedding"]
+Task = Literal["chat", "completion", "embedding", "rerank"]
 Routing = Literal["prefix", "least-loaded"]
 Start = Literal["always", "on-demand"]
 
@@ -132,10 +132,10 @@ class ModelSpec(_Frozen):
 
     def routing_for(self, profile: Profile) -> Routing:
         """Prefix routing pays where prompts repeat (a conversation's earlier turns, a shared
-        system prompt) and the engine caches them; an embedding has nothing to reuse."""
+        system prompt) and the engine caches them; an embedding or a rerank has nothing to reuse."""
         if profile.routing is not None:
             return profile.routing
-        return "least-loaded" if self.task == "embedding" else "prefix"
+        return "least-loaded" if self.task in ("embedding", "rerank") else "prefix"
 
     def replicas_for(self, profile: Profile) -> int:
         return profile.replicas if profile.replicas is not None else self.replicas

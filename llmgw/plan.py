@@ -321,7 +321,7 @@ class PlanModel(_Part):
     name: str
     description: str | None = None  # None: undescribed, and the JSON has no key at all
     aliases: tuple[str, ...]
-    task: Literal["chat", "completion", "embedding"]
+    task: Literal["chat", "completion", "embedding", "rerank"]
     source: str
     format: Literal["gguf", "safetensors", "bin", "repository", "unknown"]
     weights_bytes: int | None = None

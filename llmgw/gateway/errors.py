@@ -1,4 +1,5 @@
-"""Every error the gateway answers, in OpenAI's shape, so clients' error handling just works.
+"""Every error the gateway answers, in OpenAI's shape, so clients' error handling just works;
+on /v1/messages (the Anthropic Messages API) in Anthropic's shape, for the same reason.
 
 ApiError                 raised by resources; status, message, type, param, code
 falcon.HTTPError         falcon's own (unknown path, wrong method): reshaped by
@@ -54,10 +55,34 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}}).encode()
 
 
-def respond(resp: falcon.asgi.Response, error: ApiError) -> None:
+# Anthropic's error types by status (its API's "Errors" page). 503 is its overloaded_error
+# too: a client retries that, as it should retry a gateway with no replica in rotation.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether a path is the Messages API's, whose clients read errors in Anthropic's shape."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+
+
+def respond(resp: falcon.asgi.Response, error: ApiError, anthropic: bool = False) -> None:
     resp.status = error.status
     resp.content_type = falcon.MEDIA_JSON
-    resp.data = error.body()
+    resp.data = anthropic_error_body(error.status, error.message) if anthropic else error.body()
     for name, value in error.headers.items():
         resp.set_header(name, value)
 
@@ -65,7 +90,7 @@ def respond(resp: falcon.asgi.Response, error: ApiError) -> None:
 async def handle_api_error(
     req: falcon.asgi.Request, resp: falcon.asgi.Response, ex: ApiError, params: Any
 ) -> None:
-    respond(resp, ex)
+    respond(resp, ex, speaks_anthropic(req.path))
 
 
 async def handle_unexpected(
@@ -86,6 +111,7 @@ async def handle_unexpected(
             "its log has the details. Retrying may work; if it keeps failing, report the id.",
             type="server_error",
         ),
+        speaks_anthropic(req.path),
     )
 
 
@@ -99,7 +125,8 @@ def serialize_http_error(
     if status == 404 and getattr(req.context, "api", False):
         message = (
             f"There is no {req.path} here; the API is GET /v1/models and POST "
-            "/v1/chat/completions, /v1/completions and /v1/embeddings."
+            "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages, "
+            "/v1/messages/count_tokens, /v1/rerank and /v1/tokenize."
         )
     elif status == 404:
         message = f"There is no {req.path} here; the API is under /v1 (see GET /v1/models)."
@@ -109,4 +136,5 @@ def serialize_http_error(
         message = exception.description or exception.title or "request refused"
     kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     resp.content_type = falcon.MEDIA_JSON
-    resp.data = error_body(message, kind)
+    anthropic = speaks_anthropic(req.path)
+    resp.data = anthropic_error_body(status, message) if anthropic else error_body(message, kind)

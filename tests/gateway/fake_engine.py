@@ -1,4 +1,6 @@
-"""A small, fast stand-in for llama.cpp or vLLM that speaks enough of the OpenAI API.
+"""A small, fast stand-in for llama.cpp or vLLM that speaks enough of the OpenAI API, and
+of the other APIs llama-server answers: Responses, Anthropic's Messages (and count_tokens),
+rerank and /tokenize, in the shapes llama-server gives them.
 
 Run as a subprocess: `python -m tests.gateway.fake_engine --host 127.0.0.2 --port 0 --name a`
 prints `LISTENING host:port` once it accepts connections. The gateway tests and
@@ -73,9 +75,11 @@ class Engine:
         self.open = 0  # connections open now: what a test checks the gateway did not leak
         self.models_seen: list[str] = []
         self.streamed_bytes = 0
+        self.last: dict[str, Any] | None = None  # the last API request, as it arrived
 
     def stats(self) -> dict[str, Any]:
         return {
+            "last": self.last,
             "name": self.name,
             "requests": self.requests,
             "disconnects": self.disconnects,
@@ -218,6 +222,7 @@ class _Connection(asyncio.Protocol):
             return None
         kind = _KINDS[path]
         model = str(request.get("fake_model") or model)
+        engine.last = {"kind": kind, "request": request}
         if request.get("stream") or request.get("fake_delay_first") or request.get("fake_delay_body"):
             return {"kind": kind, "model": model, "request": request}
         content_type = str(request.get("fake_content_type") or "application/json").encode()
@@ -287,6 +292,21 @@ class _Connection(asyncio.Protocol):
             return
         if request.get("fake_delay_body"):
             await asyncio.sleep(float(request["fake_delay_body"]))
+        if kind in _EVENTS:
+            hangup = request.get("fake_hangup_after")
+            for i, (name, data) in enumerate(_EVENTS[kind](model, int(request.get("fake_chunks") or 3))):
+                await self.writable.wait()
+                if self.closed:
+                    self.engine.disconnects += 1
+                    return
+                if hangup is not None and i == int(hangup):
+                    self.transport.close()
+                    return
+                event = b"event: %s\ndata: %s\n\n" % (name.encode(), json.dumps(data).encode())
+                self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.engine.streamed_bytes += len(event)
+            self.transport.write(b"0\r\n\r\n")
+            return
         chunks = int(request.get("fake_chunks") or 3)
         pause = float(request.get("fake_chunk_delay") or 0)
         hangup = request.get("fake_hangup_after")
@@ -320,11 +340,135 @@ _KINDS = {
     b"/v1/chat/completions": "chat",
     b"/v1/completions": "completion",
     b"/v1/embeddings": "embedding",
+    b"/v1/responses": "responses",
+    b"/v1/messages": "messages",
+    b"/v1/messages/count_tokens": "count_tokens",
+    b"/v1/rerank": "rerank",
+    b"/tokenize": "tokenize",
 }
+
+
+def _response(model: str, text: str, status: str, output_tokens: int) -> dict[str, Any]:
+    """A Responses API response object, as llama-server writes one."""
+    output = []
+    if text:
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant"}
+        output.append({**item, "content": [part]})
+    return {
+        "id": "resp_fake",
+        "object": "response",
+        "created_at": 1700000000,
+        "status": status,
+        "model": model,
+        "output": output,
+        "usage": {
+            "input_tokens": 3,
+            "output_tokens": output_tokens,
+            "total_tokens": 3 + output_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+
+
+def _message(model: str, text: str, output_tokens: int) -> dict[str, Any]:
+    """An Anthropic Messages API message, as llama-server writes one."""
+    return {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}] if text else [],
+        "stop_reason": "end_turn" if text else None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": output_tokens},
+    }
+
+
+def _response_events(model: str, chunks: int) -> list[tuple[str, dict[str, Any]]]:
+    text = "".join(f"tok{i} " for i in range(chunks))
+    item = {"type": "message", "id": "msg_fake", "status": "in_progress", "role": "assistant", "content": []}
+    part = {"type": "output_text", "text": "", "annotations": []}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("response.created", {"response": _response(model, "", "in_progress", 0)}),
+        ("response.in_progress", {"response": _response(model, "", "in_progress", 0)}),
+        ("response.output_item.added", {"output_index": 0, "item": item}),
+        (
+            "response.content_part.added",
+            {"item_id": "msg_fake", "output_index": 0, "content_index": 0, "part": part},
+        ),
+    ]
+    for i in range(chunks):
+        delta = {"item_id": "msg_fake", "output_index": 0, "content_index": 0, "delta": f"tok{i} "}
+        events.append(("response.output_text.delta", delta))
+    where = {"item_id": "msg_fake", "output_index": 0, "content_index": 0}
+    done = {**part, "text": text}
+    events += [
+        ("response.output_text.done", {**where, "text": text}),
+        ("response.content_part.done", {**where, "part": done}),
+        (
+            "response.output_item.done",
+            {"output_index": 0, "item": {**item, "status": "completed", "content": [done]}},
+        ),
+        ("response.completed", {"response": _response(model, text, "completed", chunks)}),
+    ]
+    return [(name, {"type": name, "sequence_number": n, **data}) for n, (name, data) in enumerate(events)]
+
+
+def _message_events(model: str, chunks: int) -> list[tuple[str, dict[str, Any]]]:
+    start = {**_message(model, "", 1), "content": []}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"message": start}),
+        ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+    ]
+    for i in range(chunks):
+        events.append(
+            ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": f"tok{i} "}})
+        )
+    events += [
+        ("content_block_stop", {"index": 0}),
+        (
+            "message_delta",
+            {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": chunks}},
+        ),
+        ("message_stop", {}),
+    ]
+    return [(name, {"type": name, **data}) for name, data in events]
+
+
+_EVENTS = {"responses": _response_events, "messages": _message_events}
 
 
 def _complete(kind: str, model: str, name: str, request: dict[str, Any]) -> bytes:
     usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    text = f"hello from {name}"
+    if kind == "responses":
+        return json.dumps(_response(model, text, "completed", 4)).encode()
+    if kind == "messages":
+        return json.dumps(_message(model, text, 4)).encode()
+    if kind == "count_tokens":
+        return json.dumps({"input_tokens": 3}).encode()
+    if kind == "tokenize":
+        content = str(request.get("content", ""))
+        return json.dumps({"tokens": [ord(c) for c in content[:64]]}).encode()
+    if kind == "rerank":
+        # llama-server's answer: every document's index and score, best first, top_n of them.
+        documents = request.get("documents")
+        count = len(documents) if isinstance(documents, list) else 0
+        scores = sorted(((1.0 - i / (count + 1), i) for i in range(count)), reverse=True)
+        top = request.get("top_n")
+        results = [{"index": i, "relevance_score": score} for score, i in scores][
+            : top if isinstance(top, int) else None
+        ]
+        return json.dumps(
+            {
+                "model": model,
+                "object": "list",
+                "usage": {"prompt_tokens": 5 * count, "total_tokens": 5 * count},
+                "results": results,
+            }
+        ).encode()
     if kind == "embedding":
         inputs = request.get("input")
         count = len(inputs) if isinstance(inputs, list) else 1
@@ -339,7 +483,6 @@ def _complete(kind: str, model: str, name: str, request: dict[str, Any]) -> byte
                 "usage": {"prompt_tokens": 3, "total_tokens": 3},
             }
         ).encode()
-    text = f"hello from {name}"
     if kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,

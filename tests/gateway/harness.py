@@ -126,7 +126,7 @@ def profile(
 def model(
     name: str,
     profiles: list[PlanProfile],
-    task: Literal["chat", "completion", "embedding"] = "chat",
+    task: Literal["chat", "completion", "embedding", "rerank"] = "chat",
     aliases: list[str] | None = None,
     description: str | None = None,
     max_output: int | None = None,

@@ -27,6 +27,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine, engine_b: Eng
         [
             model("llama", [profile([engine_a.url], "llama")]),
             model("embed", [profile([engine_b.url], "embed")], task="embedding"),
+            model("rerank", [profile([engine_b.url], "rerank")], task="rerank"),
         ]
     )
     path = tmp_path_factory.mktemp("openapi") / "plan.json"
@@ -49,9 +50,16 @@ def test_the_document_is_openapi_3_1_of_the_v1_surface(gw: Gateway) -> None:
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/embeddings",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/rerank",
+        "/v1/tokenize",
     }
     chat = doc["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert {"400", "404", "413", "502", "503", "504"} <= set(chat), "errors must be in the document"
+    messages = doc["paths"]["/v1/messages"]["post"]["responses"]["404"]["content"]["application/json"]
+    assert messages["schema"] == {"$ref": "#/components/schemas/AnthropicError"}
 
 
 # Driven by hand rather than through Schemathesis's pytest plugin, which does not load
@@ -59,7 +67,7 @@ def test_the_document_is_openapi_3_1_of_the_v1_surface(gw: Gateway) -> None:
 @pytest.mark.timeout(120)
 def test_the_gateway_answers_as_its_document_says(api_schema: Any) -> None:
     operations = [result.ok() for result in api_schema.get_all_operations()]
-    assert len(operations) == 5
+    assert len(operations) == 10
     for operation in operations:
 
         @given(case=operation.as_strategy())

@@ -221,3 +221,17 @@ def test_previous_replica_on_a_node_lacking_the_engine_stays_when_the_others_are
         return [r["endpoint"] for r in plan["models"][0]["profiles"][0]["replicas"]]
 
     assert where(again) == where(first)
+
+
+def test_a_rerank_model_is_planned_least_loaded_and_llama_server_is_told_to_rerank(tmp_path):
+    from llmgw.engines import engine_command
+
+    doc = plan_for(tmp_path, {"ranker.yaml": model_yaml("ranker", extra="task: rerank\n")})
+    validator("plan").validate(doc)
+    [ranker] = parse_plan(dump_plan(doc)).models
+    assert ranker.task == "rerank"
+    [profile] = ranker.profiles
+    assert profile.routing == "least-loaded", "a rerank has no prompt prefix for an engine to reuse"
+    argv = engine_command(ranker, profile, profile.replicas[0], weights="/w/r.gguf", host="0.0.0.0").argv
+    assert argv.count("--reranking") == 1, "without it llama-server answers 501 to every /v1/rerank"
+    assert "--embeddings" not in argv

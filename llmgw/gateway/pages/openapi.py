@@ -16,6 +16,7 @@ import falcon
 import falcon.asgi
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
 
 # Every status the gateway itself answers a /v1 request with, and when (see README).
 _ERRORS = {
@@ -31,14 +32,21 @@ _ERRORS = {
 }
 
 
-def _errors(*codes: str) -> dict[str, Any]:
+def _errors(*codes: str, anthropic: bool = False) -> dict[str, Any]:
+    schema = _ANTHROPIC_ERROR if anthropic else _ERROR
     return {
-        code: {"description": _ERRORS[code], "content": {"application/json": {"schema": _ERROR}}}
+        code: {"description": _ERRORS[code], "content": {"application/json": {"schema": schema}}}
         for code in codes
     }
 
 
-def _generation(answer: str, required: list[str], example: dict[str, Any]) -> dict[str, Any]:
+def _generation(
+    answer: str,
+    required: list[str],
+    example: dict[str, Any],
+    limits: tuple[str, ...] = ("max_tokens", "max_completion_tokens", "n_predict"),
+    streams: bool = True,
+) -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["model", *required],
@@ -48,10 +56,10 @@ def _generation(answer: str, required: list[str], example: dict[str, Any]) -> di
                 "minLength": 1,
                 "description": "A name or alias from GET /v1/models.",
             },
-            "stream": {"type": "boolean"},
+            **({"stream": {"type": "boolean"}} if streams else {}),
             **{
                 field: {"type": "integer", "minimum": 1, "description": "At most the model's `max_output`."}
-                for field in ("max_tokens", "max_completion_tokens", "n_predict")
+                for field in limits
             },
         },
         "additionalProperties": True,
@@ -60,14 +68,22 @@ def _generation(answer: str, required: list[str], example: dict[str, Any]) -> di
     }
 
 
-def _proxied(summary: str, request: str, answer: str, streams: bool) -> dict[str, Any]:
+_EVENTS = {
+    "openai": "Server-sent events, `data: {...}` each, ending with `data: [DONE]`, or "
+    'with `data: {"error": ...}` when the answer was cut off.',
+    "responses": "Server-sent events, `event: response.*` and its `data: {...}` each, ending with "
+    '`response.completed`, or with `data: {"error": ...}` when the answer was cut off.',
+    "anthropic": "Server-sent events, from `message_start` to `message_stop`, or ending with "
+    '`event: error` and `data: {"type": "error", ...}` when the answer was cut off.',
+}
+
+
+def _proxied(
+    summary: str, request: str, answer: str, streams: bool, events: str = "openai", anthropic: bool = False
+) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{answer}"}}}
     if streams:
-        content["text/event-stream"] = {
-            "schema": {"type": "string"},
-            "description": "Server-sent events, `data: {...}` each, ending with `data: [DONE]`, or "
-            'with `data: {"error": ...}` when the answer was cut off.',
-        }
+        content["text/event-stream"] = {"schema": {"type": "string"}, "description": _EVENTS[events]}
     return {
         "post": {
             "summary": summary,
@@ -80,7 +96,7 @@ def _proxied(summary: str, request: str, answer: str, streams: bool) -> dict[str
                     "description": "The engine's answer, naming the model as the request did.",
                     "content": content,
                 },
-                **_errors("400", "401", "404", "413", "500", "502", "503", "504"),
+                **_errors("400", "401", "404", "413", "500", "502", "503", "504", anthropic=anthropic),
             },
         }
     }
@@ -103,9 +119,34 @@ _MODEL = {
         "context_length": {"type": "integer"},
         "max_output": {"type": "integer"},
         "aliases": {"type": "array", "items": {"type": "string"}},
-        "task": {"enum": ["chat", "completion", "embedding"]},
+        "task": {"enum": ["chat", "completion", "embedding", "rerank"]},
+        "endpoints": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "The paths that answer the model, e.g. /v1/chat/completions.",
+        },
     },
 }
+# The other APIs' answers, as far as the gateway promises anything of them: their shape's
+# marker, and the model renamed where they name one.
+_RESPONSE = {
+    "type": "object",
+    "required": ["object"],
+    "properties": {"object": {"const": "response"}, "model": {"type": "string"}},
+}
+_MESSAGE = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"const": "message"}, "model": {"type": "string"}},
+}
+_COUNT = {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}}
+_TOKENS = {"type": "object", "required": ["tokens"], "properties": {"tokens": {"type": "array"}}}
+_RANKED = {
+    "type": "object",
+    "required": ["results"],
+    "properties": {"model": {"type": "string"}, "results": {"type": "array"}},
+}
+_MESSAGES_EXAMPLE = {"model": "llama", "max_tokens": 64, "messages": [{"role": "user", "content": "Hello"}]}
 
 DOCUMENT: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -113,7 +154,7 @@ DOCUMENT: dict[str, Any] = {
         "title": "llmgw",
         "version": "1",
         "description": "An OpenAI-compatible gateway for self-hosted models. Every error has "
-        "OpenAI's shape and a message that says what to do.",
+        "OpenAI's shape (Anthropic's on /v1/messages) and a message that says what to do.",
     },
     "paths": {
         "/v1/models": {
@@ -162,6 +203,37 @@ DOCUMENT: dict[str, Any] = {
             "A completion of a raw prompt.", "CompletionRequest", "Answer", streams=True
         ),
         "/v1/embeddings": _proxied("Embeddings of the input.", "EmbeddingRequest", "Answer", streams=False),
+        "/v1/responses": _proxied(
+            "A response, in OpenAI's Responses API.", "ResponsesRequest", "Response", True, "responses"
+        ),
+        "/v1/messages": _proxied(
+            "A message, in Anthropic's Messages API; errors in Anthropic's shape, and the key may "
+            "come as `x-api-key`.",
+            "MessagesRequest",
+            "Message",
+            streams=True,
+            events="anthropic",
+            anthropic=True,
+        ),
+        "/v1/messages/count_tokens": _proxied(
+            "The tokens a Messages request's input would take (counts toward rpm, not tpm).",
+            "CountTokensRequest",
+            "TokenCount",
+            streams=False,
+            anthropic=True,
+        ),
+        "/v1/rerank": _proxied(
+            "Documents ranked by relevance to a query, for a `task: rerank` model.",
+            "RerankRequest",
+            "Ranked",
+            streams=False,
+        ),
+        "/v1/tokenize": _proxied(
+            "The engine's tokens of `content` (llama-server's /tokenize); counts toward rpm, not tpm.",
+            "TokenizeRequest",
+            "Tokens",
+            streams=False,
+        ),
     },
     "components": {
         "schemas": {
@@ -181,8 +253,58 @@ DOCUMENT: dict[str, Any] = {
                     }
                 },
             },
+            "AnthropicError": {
+                "type": "object",
+                "required": ["type", "error"],
+                "properties": {
+                    "type": {"const": "error"},
+                    "error": {
+                        "type": "object",
+                        "required": ["type", "message"],
+                        "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+                    },
+                },
+            },
             "Model": _MODEL,
             "Answer": _ANSWER,
+            "Response": _RESPONSE,
+            "Message": _MESSAGE,
+            "TokenCount": _COUNT,
+            "Tokens": _TOKENS,
+            "Ranked": _RANKED,
+            "ResponsesRequest": _generation(
+                "`input` and `instructions` as OpenAI's Responses API describes them.",
+                ["input"],
+                {"model": "llama", "input": "Hello"},
+                limits=("max_output_tokens",),
+            ),
+            "MessagesRequest": _generation(
+                "`messages`, `system` and `max_tokens` as Anthropic's Messages API describes them.",
+                ["max_tokens", "messages"],
+                _MESSAGES_EXAMPLE,
+                limits=("max_tokens",),
+            ),
+            "CountTokensRequest": _generation(
+                "`messages` and `system` as Anthropic's count_tokens describes them.",
+                ["messages"],
+                {"model": "llama", "messages": [{"role": "user", "content": "Hello"}]},
+                limits=(),
+                streams=False,
+            ),
+            "RerankRequest": _generation(
+                "`query`, `documents` and `top_n`, as llama-server and vLLM take them.",
+                ["query", "documents"],
+                {"model": "rerank", "query": "What is a panda?", "documents": ["A bear.", "A car."]},
+                limits=(),
+                streams=False,
+            ),
+            "TokenizeRequest": _generation(
+                "`content`, the text to tokenize, as llama-server takes it.",
+                ["content"],
+                {"model": "llama", "content": "Hello"},
+                limits=(),
+                streams=False,
+            ),
             "ChatRequest": _generation(
                 "`messages` as OpenAI's API describes it.",
                 ["messages"],

@@ -41,6 +41,15 @@ def bearer_token(authorization: str | None) -> str | None:
     return credentials.strip()
 
 
+def _credentials(req: falcon.asgi.Request) -> str | None:
+    """The key a request carries: OpenAI's clients send it as a bearer token, Anthropic's
+    as `x-api-key`; the bearer token wins when both come."""
+    bearer = bearer_token(req.get_header("Authorization"))
+    if bearer:
+        return bearer
+    return (req.get_header("x-api-key") or "").strip() or None
+
+
 def is_api_path(path: str) -> bool:
     """Whether a path is under /v1 as the router reads it: empty segments do not count.
 
@@ -74,7 +83,7 @@ class Access:
         ctx.table = self.state.table
         ctx.api = is_api_path(req.path)
         if ctx.api and self.keys is not None:
-            ctx.tenant = self._check_key(req.get_header("Authorization"))
+            ctx.tenant = self._check_key(_credentials(req))
 
     async def process_resource(
         self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: Any, params: Any
@@ -85,15 +94,15 @@ class Access:
             return
         req.context.api = True
         if self.keys is not None:
-            req.context.tenant = self._check_key(req.get_header("Authorization"))
+            req.context.tenant = self._check_key(_credentials(req))
 
-    def _check_key(self, authorization: str | None) -> Tenant:
+    def _check_key(self, key: str | None) -> Tenant:
         assert self.keys is not None
-        key = bearer_token(authorization)
         if not key:
             raise ApiError(
                 401,
-                "This gateway needs an API key: send `Authorization: Bearer KEY`.",
+                "This gateway needs an API key: send `Authorization: Bearer KEY` "
+                "(or `x-api-key: KEY`, as Anthropic's clients do).",
                 type="authentication_error",
                 code="missing_api_key",
             )

@@ -9,7 +9,7 @@ from typing import Any
 import falcon.asgi
 
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.routing import ENDPOINTS_FOR_TASK, UPSTREAM_PATHS, Model
+from llmgw.gateway.request.routing import ENDPOINTS_FOR_TASK, GATEWAY_PATHS, Model
 from llmgw.gateway.request.usage import Meter
 
 
@@ -110,7 +110,8 @@ def parse_request(body: bytes) -> dict[str, Any]:
 
 
 def wrong_endpoint(model: Model, path: str) -> ApiError:
-    right = " or ".join(UPSTREAM_PATHS[k] for k in sorted(ENDPOINTS_FOR_TASK[model.task]))
+    paths = [path for kind, path in GATEWAY_PATHS.items() if kind in ENDPOINTS_FOR_TASK[model.task]]
+    right = " or ".join(paths) if len(paths) < 3 else ", ".join(paths[:-1]) + " or " + paths[-1]
     return ApiError(
         400,
         f"'{model.name}' is {_article(model.task)} {model.task} model; send it to POST {right}, not {path}.",
@@ -125,7 +126,8 @@ def _article(word: str) -> str:
 
 # Every field an engine takes as the answer's length limit: vLLM reads the first two,
 # llama.cpp all three. Checking only the OpenAI ones let `n_predict` past max_output.
-_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict")
+# The Responses API names its own `max_output_tokens`; Messages uses `max_tokens`.
+_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
 
 
 def check_max_tokens(model: Model, request: dict[str, Any]) -> None:

@@ -1,4 +1,9 @@
-"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: the retry loop.
+"""POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages,
+/v1/messages/count_tokens, /v1/rerank and /v1/tokenize: the retry loop, one Proxy per kind.
+
+Every kind is routed by its body's `model` and goes through the same checks, limits,
+renames and metering; what differs by API (usage's shape, the length field, the prefix
+key's fields, the error shape) is each stage's to know, not a copy of this loop.
 
 The body is read and checked in request/body.py, the answer relayed in request/relay.py,
 a client that leaves noticed in request/gone.py; this module decides where a request goes.
@@ -53,8 +58,9 @@ from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.relay import Answer, Outgoing, Relay, count_tokens, no_chunks, read_error
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
 from llmgw.gateway.request.routing import (
+    COUNTING,
     ENDPOINTS_FOR_TASK,
-    UPSTREAM_PATHS,
+    GATEWAY_PATHS,
     Model,
     Replica,
     prefix_key,
@@ -84,6 +90,9 @@ _NOT_TAKEN = (
 # Any other 5xx may be the request's own doing; see `Proxy._blame`.
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
+_ASKS_FOR_USAGE = frozenset({"chat", "completion"})
+
+
 class Proxy:
     def __init__(
         self,
@@ -103,7 +112,7 @@ class Proxy:
         self.budget = budget
         self.limiter = limiter
         self.max_response = settings.max_response_bytes
-        self.path = UPSTREAM_PATHS[kind]
+        self.path = GATEWAY_PATHS[kind]
         self.upstream = upstream
         self.health = health
         self.access = access
@@ -142,8 +151,10 @@ class Proxy:
         tenant = ctx.tenant
         window = self.limiter.admit(tenant) if tenant is not None and self.limiter else None
         ctx.prompt_estimate = prompt_estimate(body)
-        meter = Meter()
-        if request.get("stream") is True and self.kind != "embedding":
+        meter = Meter(free=self.kind in COUNTING)
+        # Only chat and completions must be asked for a stream's usage: the Responses and
+        # Messages APIs always send it.
+        if request.get("stream") is True and self.kind in _ASKS_FOR_USAGE:
             request, body, meter = ask_for_usage(request, body)
         watch = Disconnect(req.scope)
         try:

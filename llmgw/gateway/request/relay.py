@@ -12,7 +12,7 @@ from typing import Protocol
 import falcon.asgi
 import httpx
 
-from llmgw.gateway.errors import error_body
+from llmgw.gateway.errors import anthropic_error_body, error_body, speaks_anthropic
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, STALLED, Disconnect
@@ -237,6 +237,8 @@ class Relay:
         await self.close()
         if not self.event_stream:
             raise AnswerCut(message)
+        if speaks_anthropic(self.req.path):  # as Anthropic ends a stream that fails
+            return b"event: error\ndata: " + anthropic_error_body(self.status, message) + b"\n\n"
         return b"data: " + error_body(message, "upstream_error") + b"\n\n"
 
     async def close(self) -> None:
@@ -262,6 +264,8 @@ class Relay:
 
 def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limiter | None) -> None:
     """Count an ended answer's tokens in the metrics, and charge its key for them."""
+    if meter.free:
+        return
     try:
         meter.finish()
         if meter.prompt is not None:

@@ -6,7 +6,9 @@ which then reached every client. The gateway rewrites that field, in a whole JSO
 and in each event of a streamed one, to the name (or alias) the request gave.
 
 Only the top-level `model` of an object is touched, and only its value's bytes: the rest
-of the answer goes out as the engine wrote it. The field comes first or early in what
+of the answer goes out as the engine wrote it. The Responses and Messages APIs' events
+carry the answer one level down (`response.created`'s `response`, `message_start`'s
+`message`): a `model` there is renamed too. The field comes first or early in what
 llama.cpp and vLLM write, so an answer is read only as far as that field; one whose field
 is not within the first `_LOOK_AHEAD` bytes is passed on unchanged rather than held.
 """
@@ -39,8 +41,12 @@ def model_span(text: str, complete: bool) -> tuple[int, int] | None:
         raise
 
 
-def _walk(text: str) -> tuple[int, int] | None:
-    at = _skip(text, 0)
+# The fields whose object may hold the model, in the events of the Responses and Messages APIs.
+_WRAPPERS = ("response", "message")
+
+
+def _walk(text: str, at: int = 0, nested: bool = True) -> tuple[int, int] | None:
+    at = _skip(text, at)
     if text[at] != "{":
         return None
     at = _skip(text, at + 1)
@@ -54,6 +60,10 @@ def _walk(text: str) -> tuple[int, int] | None:
         if text[at] != ":":
             return None
         start = _skip(text, at + 1)
+        if nested and key in _WRAPPERS and text[start] == "{":
+            inner = _walk(text, start, nested=False)
+            if inner is not None:
+                return inner
         value, stop = _decode(text, start)
         at = _skip(text, stop)  # a number may be cut short: only what follows it says not
         if key == "model" and isinstance(value, str):

@@ -36,16 +36,29 @@ from llmgw.plan import Plan, PlanModel, PlanProfile
 # Which endpoint a model of each task may be sent to. A chat model also completes raw
 # prompts (llama.cpp and vLLM both serve /v1/completions for it); the reverse is not
 # true: a base model has no chat template, and an embedding model generates nothing.
+# Responses and Messages are chat in another API's words: they need the chat template.
 ENDPOINTS_FOR_TASK = {
-    "chat": frozenset({"chat", "completion"}),
-    "completion": frozenset({"completion"}),
+    "chat": frozenset({"chat", "completion", "responses", "messages", "count_tokens", "tokenize"}),
+    "completion": frozenset({"completion", "tokenize"}),
     "embedding": frozenset({"embedding"}),
+    "rerank": frozenset({"rerank"}),
 }
+# Where each kind of request goes on the engine; the gateway serves them at the same paths,
+# except llama-server's /tokenize, which it serves under /v1 with the rest of the API.
 UPSTREAM_PATHS = {
     "chat": "/v1/chat/completions",
     "completion": "/v1/completions",
     "embedding": "/v1/embeddings",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "count_tokens": "/v1/messages/count_tokens",
+    "rerank": "/v1/rerank",
+    "tokenize": "/tokenize",
 }
+GATEWAY_PATHS = {**UPSTREAM_PATHS, "tokenize": "/v1/tokenize"}
+# Requests that count tokens rather than generate them: they count toward a key's rpm, and
+# never its tpm, since a client that counts first would otherwise pay for its prompt twice.
+COUNTING = frozenset({"count_tokens", "tokenize"})
 
 
 # Prefix routing: a replica takes a prefix while it has fewer than this many times the
@@ -72,6 +85,12 @@ def prefix_key(kind: str, request: Mapping[str, Any]) -> int | None:
         # question out of the key, or every conversation under that prompt (and its load)
         # would land on one replica; each conversation still keeps to its own.
         text = json.dumps([_head(m) for m in messages[:PREFIX_MESSAGES]], sort_keys=True, ensure_ascii=False)
+    elif kind in _LEADS:
+        system, turns = _LEADS[kind]
+        lead = _lead(request.get(system), request.get(turns))
+        if lead is None:
+            return None
+        text = lead
     elif kind == "completion":
         prompt = request.get("prompt")
         if isinstance(prompt, list) and prompt:
@@ -84,7 +103,31 @@ def prefix_key(kind: str, request: Mapping[str, Any]) -> int | None:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest(), "big")
 
 
+# The Responses and Messages APIs' fields for the system prompt and the conversation.
+_LEADS = {"responses": ("instructions", "input"), "messages": ("system", "messages")}
+
+
+def _lead(system: Any, turns: Any) -> str | None:
+    """The key's text for the Responses and Messages APIs: their system prompt (a string,
+    or Anthropic's list of blocks) beside the first turns, each cut as chat's are."""
+    if isinstance(system, str):
+        system = system[:PREFIX_CHARS]
+    elif isinstance(system, list):
+        system = [_head(block) for block in system[:PREFIX_MESSAGES]]
+    if isinstance(turns, str):
+        turns = turns[:PREFIX_CHARS]
+    elif isinstance(turns, list):
+        turns = [_head(turn) for turn in turns[:PREFIX_MESSAGES]]
+    else:
+        turns = None
+    if not system and not turns:
+        return None
+    return json.dumps([system, turns], sort_keys=True, ensure_ascii=False)
+
+
 def _head(message: Any) -> Any:
+    if isinstance(message, dict) and isinstance(message.get("text"), str):  # a content block
+        return {**message, "text": message["text"][:PREFIX_CHARS]}
     if isinstance(message, dict) and isinstance(message.get("content"), str):
         return {**message, "content": message["content"][:PREFIX_CHARS]}
     return message
@@ -439,7 +482,7 @@ class RouteTable:
                 if r.discovery is None
             )
             groups = tuple(self._group(r.endpoint) for r in p.replicas if r.discovery == "dns")
-            routing = p.routing or ("least-loaded" if planned.task == "embedding" else "prefix")
+            routing = p.routing or ("least-loaded" if planned.task in ("embedding", "rerank") else "prefix")
             profile = Profile(p.name, p.served_name, p.weight, replicas, routing, groups)
             tiers.setdefault(p.priority, []).append(profile)
         listing: dict[str, Any] = {
@@ -456,6 +499,9 @@ class RouteTable:
             listing["max_output"] = planned.max_output
         listing["aliases"] = list(planned.aliases)
         listing["task"] = planned.task
+        # What a client may send it to, as paths: a client need not know what a task implies.
+        answers = ENDPOINTS_FOR_TASK[planned.task]
+        listing["endpoints"] = [path for kind, path in GATEWAY_PATHS.items() if kind in answers]
         if any(p.on_demand for p in planned.profiles):  # absent: always on, as listings were
             listing["start"] = "on-demand"
         return Model(

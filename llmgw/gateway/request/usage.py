@@ -23,11 +23,24 @@ def prompt_estimate(body: bytes) -> int:
     return max(1, math.ceil(len(body) / 4))
 
 
-class Meter:
-    """The usage one answer reports, and whether its usage-only event is to be kept."""
+# The events of the Responses and Messages APIs that carry usage, and where in them it is:
+# Responses says it once, in its last event's response; Messages gives the input tokens as
+# the message starts and the output tokens (so far, then in all) in its message_delta.
+_USAGE_IN = {"response.completed": "response", "response.incomplete": "response", "message_start": "message"}
 
-    def __init__(self, strip_usage_event: bool = False) -> None:
+
+class Meter:
+    """The usage one answer reports, and whether its usage-only event is to be kept.
+
+    Usage comes in two shapes: OpenAI's chat and completions say `prompt_tokens` and
+    `completion_tokens`; the Responses and Messages APIs say `input_tokens` and
+    `output_tokens`. Both count the same way toward a key's tpm.
+    """
+
+    def __init__(self, strip_usage_event: bool = False, free: bool = False) -> None:
         self.strip = strip_usage_event
+        # A token count, not a generation: it counts toward a key's rpm, never its tpm.
+        self.free = free
         self.prompt: int | None = None
         self.completion: int | None = None
         self.whole = False  # a whole JSON answer, read at its end (else an event stream)
@@ -48,7 +61,17 @@ class Meter:
             data = json.loads(body)
         except ValueError:
             return False
-        if not isinstance(data, dict) or not self._note(data.get("usage")):
+        if not isinstance(data, dict):
+            return False
+        kind = data.get("type")
+        if kind in _USAGE_IN:
+            inner = data.get(_USAGE_IN[kind])
+            self._note(inner.get("usage") if isinstance(inner, dict) else None)
+            return False
+        if kind == "message_delta":
+            self._note(data.get("usage"), later=True)
+            return False
+        if not self._note(data.get("usage")):
             return False
         return self.strip and data.get("choices") == []
 
@@ -83,13 +106,35 @@ class Meter:
             self._note(data.get("usage"))
         return data
 
-    def _note(self, usage: Any) -> bool:
+    def _note(self, usage: Any, later: bool = False) -> bool:
+        """Take a usage object; `later` for one that may give only the output so far, after
+        an earlier event gave the input (Messages' message_delta)."""
         if not isinstance(usage, dict):
             return False
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if not isinstance(prompt, int):
+        prompt = _tokens(usage, "prompt_tokens", "input_tokens")
+        completion = _tokens(usage, "completion_tokens", "output_tokens")
+        if prompt is None and not (later and self.prompt is not None):
             return False
-        self.prompt = prompt
+        if prompt is not None:
+            # Anthropic counts the prompt's cached part apart from `input_tokens`: it was
+            # read all the same.
+            prompt += sum(
+                v
+                for k in ("cache_read_input_tokens", "cache_creation_input_tokens")
+                if isinstance(v := usage.get(k), int) and not isinstance(v, bool)
+            )
+            self.prompt = prompt
         # Embeddings report no completion tokens: none were written.
-        self.completion = completion if isinstance(completion, int) else 0
+        if completion is not None:
+            self.completion = completion
+        elif self.completion is None:
+            self.completion = 0
         return True
+
+
+def _tokens(usage: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = usage.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None

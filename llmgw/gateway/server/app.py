@@ -35,7 +35,7 @@ from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
-from llmgw.gateway.request.routing import RouteTable
+from llmgw.gateway.request.routing import GATEWAY_PATHS, RouteTable
 from llmgw.gateway.request.upstream import FastTransport, Upstream
 from llmgw.gateway.server.config import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
@@ -163,16 +163,12 @@ def create_app(
     app.add_route("/v1/models", models)
     # `path`, because names may hold a slash (org/model, as vLLM serves them).
     app.add_route("/v1/models/{model_id:path}", models, suffix="item")
-    # One of each per worker, shared by the three endpoints: a replica failing chat
-    # requests is the same replica failing completions.
+    # One of each per worker, shared by every endpoint: a replica failing chat requests is
+    # the same replica failing completions.
     outliers = Outliers(settings.eject_after, settings.eject_time, settings.eject_max_time)
     budget = RetryBudget(settings.retry_budget, settings.retry_floor)
     demand = Demand(settings.load_timeout, settings.max_held)
-    for kind, path in (
-        ("chat", "/v1/chat/completions"),
-        ("completion", "/v1/completions"),
-        ("embedding", "/v1/embeddings"),
-    ):
+    for kind, path in GATEWAY_PATHS.items():
         app.add_route(
             path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, demand)
         )
