@@ -35,8 +35,8 @@ A stream waits for room in the socket before each event, as the servers real eng
 on do (uvicorn for vLLM, cpp-httplib's blocking writes for llama.cpp): a gateway that
 stops reading holds the engine back, and `streamed_bytes` shows how far it got.
 
-GET /fake/stats reports requests seen, streams whose client went away, models seen, and
-the bytes of stream events written.
+GET /fake/stats reports requests seen, streams whose client went away, models and
+`max_tokens` seen, and the bytes of stream events written.
 POST /fake/health with {"status": 503} changes what GET /health answers from then on.
 """
 
@@ -72,6 +72,7 @@ class Engine:
         self.disconnects = 0
         self.open = 0  # connections open now: what a test checks the gateway did not leak
         self.models_seen: list[str] = []
+        self.max_tokens_seen: list[Any] = []
         self.streamed_bytes = 0
 
     def stats(self) -> dict[str, Any]:
@@ -82,6 +83,7 @@ class Engine:
             "open": self.open,
             "streamed_bytes": self.streamed_bytes,
             "models_seen": self.models_seen[-50:],
+            "max_tokens_seen": self.max_tokens_seen[-50:],
         }
 
 
@@ -198,6 +200,7 @@ class _Connection(asyncio.Protocol):
             return None
         model = str(request.get("model"))
         engine.models_seen.append(model)
+        engine.max_tokens_seen.append(request.get("max_tokens"))
         if request.get("fake_only") not in (None, engine.name):
             request = {k: v for k, v in request.items() if not k.startswith("fake_")}
         status = request.get("fake_status") or engine.fail_status

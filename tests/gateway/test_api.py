@@ -328,6 +328,32 @@ def test_max_tokens_over_the_models_limit_is_400_naming_it(gw: Gateway) -> None:
     assert post(gw, "/v1/chat/completions", chat("chat-a", max_tokens=100)).status_code == 200
 
 
+def test_a_request_without_a_limit_reaches_the_engine_with_the_models_max_output(
+    gw: Gateway, engine_a: Engine
+) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("chat-a", ignore_eos=True))
+    assert answer.status_code == 200
+    sent = engine_a.stats()["max_tokens_seen"][-1]
+    assert sent == 100, f"the engine was asked for {sent} tokens at most, not the model's max_output 100"
+    post(gw, "/v1/chat/completions", chat("chat-a", max_tokens=7))
+    assert engine_a.stats()["max_tokens_seen"][-1] == 7, "the client's own limit must be kept"
+
+
+@pytest.mark.parametrize("stream", [1, "true", {}])
+def test_a_stream_that_is_not_a_boolean_is_400(gw: Gateway, stream: Any) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("plain", stream=stream))
+    assert answer.status_code == 400
+    error = error_of(answer)
+    assert error["param"] == "stream" and "true or false" in error["message"], error
+
+
+def test_a_model_that_is_not_a_string_is_400_saying_so(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", {**chat("plain"), "model": 5})
+    assert answer.status_code == 400
+    message = error_of(answer)["message"]
+    assert "must be a string" in message and "has no" not in message, message
+
+
 def test_an_embedding_model_on_the_chat_endpoint_is_400(gw: Gateway) -> None:
     answer = post(gw, "/v1/chat/completions", chat("embed"))
     assert answer.status_code == 400

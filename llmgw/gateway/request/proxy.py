@@ -42,6 +42,7 @@ from llmgw.gateway.request.access import Access, check_model
 from llmgw.gateway.request.body import (
     ask_for_usage,
     check_max_tokens,
+    output_limit,
     parse_request,
     read_body,
     wrong_endpoint,
@@ -49,7 +50,15 @@ from llmgw.gateway.request.body import (
 from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
 from llmgw.gateway.request.limits import Limiter
-from llmgw.gateway.request.relay import Answer, Outgoing, Relay, count_tokens, no_chunks, read_error
+from llmgw.gateway.request.relay import (
+    Answer,
+    Outgoing,
+    Relay,
+    count_tokens,
+    no_chunks,
+    read_error,
+    unreserve,
+)
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
 from llmgw.gateway.request.routing import (
     ENDPOINTS_FOR_TASK,
@@ -132,15 +141,21 @@ class Proxy:
             raise ApiError(400, "The request has no body; send a JSON object with at least `model`.")
         request = parse_request(body)
         requested = request["model"]
-        model = ctx.table.lookup(requested)
+        tenant = ctx.tenant
+        model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
         ctx.model = model.name
-        check_model(ctx.tenant, model, ctx.table)
+        check_model(tenant, model, ctx.table)
         if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
             raise wrong_endpoint(model, self.path)
         check_max_tokens(model, request)
-        tenant = ctx.tenant
-        window = self.limiter.admit(tenant) if tenant is not None and self.limiter else None
         ctx.prompt_estimate = prompt_estimate(body)
+        request, body, most = output_limit(model, self.kind, request, body)
+        window = (
+            self.limiter.admit(tenant, ctx.prompt_estimate + (most or 0))
+            if tenant is not None and self.limiter
+            else None
+        )
+        ctx.reservation = window.reservation if window is not None else None
         meter = Meter()
         if request.get("stream") is True and self.kind != "embedding":
             request, body, meter = ask_for_usage(request, body)
@@ -150,6 +165,7 @@ class Proxy:
             answer = await self._open(model, requested, request, body, ctx, watch, key)
         except BaseException:
             watch.stop()
+            unreserve(ctx, self.limiter)
             raise
         try:
             ctx.replica = answer.replica.endpoint
@@ -202,6 +218,7 @@ class Proxy:
             # connection are ours to give back.
             watch.stop()
             await answer.drop()
+            unreserve(ctx, self.limiter)
             raise
 
     async def _open(

@@ -267,9 +267,12 @@ def count_tokens(ctx: Any, meter: Meter, status: int, limiter: Limiter | None) -
             prompt, completion = meter.prompt, meter.completion or 0
         elif status < 400:
             # Cut short (the client left, or the engine broke off) before usage came: the
-            # prompt was read all the same, so the key is charged its estimate.
-            prompt, completion = ctx.prompt_estimate, 0
+            # prompt was read all the same, and each event relayed carried about a token,
+            # so the key is charged that estimate; hanging up just before the usage event
+            # once cost nothing but the prompt.
+            prompt, completion = ctx.prompt_estimate, meter.events
         else:
+            unreserve(ctx, limiter)
             return  # the engine refused the request: nothing was generated
         tenant = ctx.tenant
         key = tenant.name if tenant is not None else "-"
@@ -277,8 +280,18 @@ def count_tokens(ctx: Any, meter: Meter, status: int, limiter: Limiter | None) -
         if completion:
             metrics.labelled(metrics.TOKENS, ctx.model, key, "completion").inc(completion)
         if tenant is not None and limiter is not None:
-            limiter.charge(tenant, prompt + completion)
+            reservation, ctx.reservation = getattr(ctx, "reservation", None), None
+            limiter.charge(tenant, prompt + completion, reservation)
     except Exception:  # a miscount must not lose the access log line and metrics
         log.exception("counting the tokens of request %s failed", ctx.request_id)
+
+
+def unreserve(ctx: Any, limiter: Limiter | None) -> None:
+    """Give back the tokens held for a request that generated nothing."""
+    reservation = getattr(ctx, "reservation", None)
+    if reservation is None or limiter is None or ctx.tenant is None:
+        return
+    ctx.reservation = None
+    limiter.charge(ctx.tenant, 0, reservation)
 
 
