@@ -69,7 +69,7 @@ from llmgw.gateway.request.routing import (
 )
 from llmgw.gateway.request.upstream import Reply, Upstream
 from llmgw.gateway.request.usage import Meter, prompt_estimate
-from llmgw.gateway.server.config import Settings
+from llmgw.gateway.server.config import VIA_HEADER, Settings
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
@@ -128,9 +128,19 @@ class Proxy:
             "pool": settings.connect_timeout,
         }
         self.retry_after = str(max(1, math.ceil(settings.health_interval)))
+        self.instance = settings.instance
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         ctx = req.context
+        if req.get_header(VIA_HEADER) == self.instance:
+            raise ApiError(
+                508,
+                "The gateway received a request it sent itself: an endpoint in the plan points "
+                "at the gateway, not at an engine. Point that replica at the engine's own "
+                "address and port.",
+                type="upstream_error",
+                code="loop_detected",
+            )
         body = await read_body(
             req,
             self.limit,
@@ -231,7 +241,11 @@ class Proxy:
         watch: Disconnect,
         key: Callable[[], int | None],
     ) -> Answer:
-        headers = [(b"content-type", b"application/json"), (b"x-request-id", ctx.request_id.encode())]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"x-request-id", ctx.request_id.encode()),
+            (VIA_HEADER.encode(), self.instance.encode()),
+        ]
         rewritten: dict[str, bytes] = {}
         tried = 0
         last = ""

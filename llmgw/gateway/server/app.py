@@ -185,7 +185,7 @@ def create_app(
     key_pages = DashboardKeys(keys, limiter, settings.admin_token)
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
-    _add_dashboard(app, state, keys, samples)
+    _add_dashboard(app, state, keys, samples, settings.metrics_token)
     settle_heap()
     return app
 
@@ -195,6 +195,7 @@ def _add_dashboard(
     state: PlanState,
     keys: Keys | None,
     samples: Samples,
+    metrics_token: str | None,
 ) -> None:
     def snapshot() -> DashboardSnapshot:
         table = state.table
@@ -215,7 +216,7 @@ def _add_dashboard(
             },
         )
 
-    add_dashboard_routes(app, snapshot)
+    add_dashboard_routes(app, snapshot, metrics_token)
 
 
 def _healthy(table: RouteTable) -> dict[str, bool]:

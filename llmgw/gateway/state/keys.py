@@ -249,7 +249,7 @@ class Keys:
             text = self.path.read_bytes()
             if file_signature(self.path) != self._signature:
                 return  # replaced since it was read: whoever reads the new one keeps that
-            replace_file(self.last_good, text)
+            replace_file(self.last_good, text, owned=True)
         except OSError as exc:
             log.warning(
                 "cannot keep a copy of the keys at %s (%s): a worker started while the keys file "
