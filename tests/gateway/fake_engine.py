@@ -28,6 +28,7 @@ misbehaviour through body fields the gateway passes through untouched:
     fake_broken_sse   end a stream in the middle of an event, after one whole event
     stream_options    {"include_usage": true} ends a stream with a usage-only event, as
                       vLLM does (prompt 3 tokens, completion one per chunk)
+    fake_linger       seconds between a stream's [DONE] event and the end of its body
     fake_model        the model an answer names, as a llama-server without --alias names
                       its weights file (default: the model it was sent)
 
@@ -316,6 +317,15 @@ class _Connection(asyncio.Protocol):
             event = b"data: " + json.dumps(data).encode() + b"\n\n"
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
         done = b"data: [DONE]\n\n"
+        linger = float(request.get("fake_linger") or 0)
+        if linger:
+            # The last event, then the body's end a while later: a client that closes on
+            # [DONE] leaves before the engine's stream has ended.
+            self.transport.write(b"%x\r\n%s\r\n" % (len(done), done))
+            await asyncio.sleep(linger)
+            if not self.closed:
+                self.transport.write(b"0\r\n\r\n")
+            return
         self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
 

@@ -354,6 +354,30 @@ def test_a_model_that_is_not_a_string_is_400_saying_so(gw: Gateway) -> None:
     assert "must be a string" in message and "has no" not in message, message
 
 
+def test_an_engine_answering_503_while_it_loads_is_503_with_retry_after_not_502(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("plain", fake_status=503))
+    assert answer.status_code == 503, f"a loading engine was reported as {answer.status_code}: {answer.text}"
+    assert int(answer.headers["Retry-After"]) >= 1
+    error = error_of(answer)
+    assert error["code"] == "model_not_ready" and "not ready yet" in error["message"], error
+
+
+def test_a_stream_the_client_read_to_its_end_is_logged_200_not_499(gw: Gateway) -> None:
+    body = chat("plain", stream=True, fake_linger=1.0)
+    with httpx.Client(timeout=30) as client, client.stream(
+        "POST", gw.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "read-to-done"}
+    ) as answer:
+        for line in answer.iter_lines():
+            if line == "data: [DONE]":
+                break  # everything read: the client goes, as the openai client does
+    line = wait_until(
+        lambda: next((r for r in gw.access_lines() if r.get("request_id") == "read-to-done"), None),
+        10,
+        "the stream's access log line",
+    )
+    assert line["status"] == 200, f"a stream read to its end was logged {line['status']}"
+
+
 def test_an_embedding_model_on_the_chat_endpoint_is_400(gw: Gateway) -> None:
     answer = post(gw, "/v1/chat/completions", chat("embed"))
     assert answer.status_code == 400

@@ -92,6 +92,12 @@ _NOT_TAKEN = (
 # Any other 5xx may be the request's own doing; see `Proxy._blame`.
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
+
+class _NotReady(str):
+    """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
+    so while they load the weights. Not ready yet, not broken: when every replica says it,
+    the client is told to come back (503, Retry-After), not that they failed (502)."""
+
 class Proxy:
     def __init__(
         self,
@@ -247,7 +253,7 @@ class Proxy:
             (VIA_HEADER.encode(), self.instance.encode()),
         ]
         rewritten: dict[str, bytes] = {}
-        tried = 0
+        tried = not_ready = 0
         last = ""
         # The first 500 from a live engine, held until another replica has had the request:
         # only then is it known whose fault it was (see `_blame`).
@@ -282,6 +288,7 @@ class Proxy:
                 answer = await self._ask(model, replica, Outgoing(self.kind, headers, content), watch)
                 if isinstance(answer, str):  # not taken: why
                     last = answer
+                    not_ready += isinstance(answer, _NotReady)
                     continue
                 status = answer.upstream.status_code
                 if status >= 500:
@@ -318,6 +325,15 @@ class Proxy:
                 + f". Retry in {self.retry_after}s; /dashboard shows replica health.",
                 type="service_unavailable",
                 code="no_healthy_replica",
+                headers={"Retry-After": self.retry_after},
+            )
+        if not_ready == tried:
+            raise ApiError(
+                503,
+                f"{model.name} is not ready yet: its engine is still loading ({last}). "
+                f"Retry in {self.retry_after}s; /dashboard shows when it is in rotation.",
+                type="service_unavailable",
+                code="model_not_ready",
                 headers={"Retry-After": self.retry_after},
             )
         raise ApiError(
@@ -364,7 +380,8 @@ class Proxy:
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
             self.health.failed(replica, f"answered {status}")
             self.outliers.failed(model, replica, f"answered {status}")
-            return f"{replica.endpoint} answered {status}"
+            said = f"{replica.endpoint} answered {status}"
+            return _NotReady(said) if status == 503 else said
         return answer
 
     async def _refuse_too_large(self, answer: Answer, watch: Disconnect, length: int) -> None:

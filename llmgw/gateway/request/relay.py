@@ -134,6 +134,10 @@ class Relay:
         self.closed = False
         self.event_stream = isinstance(rename, EventRename)
         self.relayed = 0
+        # The stream's last event ([DONE]) has gone to the client: it has the whole answer,
+        # so leaving before the engine closes its end is no failure. Logged as 499, every
+        # client that closed on [DONE] looked like one that gave up.
+        self.delivered = False
         # The gap between chunks is timed by the wire itself where it can be: it sets a timer
         # only when it has to wait for a chunk, where an asyncio.timeout built a context and
         # scheduled a timer around every chunk of every stream. httpx's transport (https)
@@ -162,6 +166,8 @@ class Relay:
         # An answer with no declared length (chunked, or one that never ends) is counted as
         # it goes: relaying it without limit would keep a worker and a client busy forever.
         self.relayed += len(chunk)
+        if self.event_stream and chunk.rstrip().endswith(b"data: [DONE]"):
+            self.delivered = True
         if self.relayed <= self.proxy.max_response or self.closed:
             return chunk
         limit = self.proxy.max_response
@@ -175,7 +181,7 @@ class Relay:
         if self.watch.gone:
             # The client left while its last chunk was being sent (the server drops the
             # writes of a closed connection without a word): nothing more is wanted.
-            self.status = CLIENT_GONE
+            self.status = self.status if self.delivered else CLIENT_GONE
             await self.close()
             raise StopAsyncIteration
         self.watch.waiting = True
@@ -202,7 +208,7 @@ class Relay:
         except asyncio.CancelledError:
             if not self.watch.absorb():
                 raise
-            self.status = CLIENT_GONE
+            self.status = self.status if self.delivered else CLIENT_GONE
             await self.close()
             raise StopAsyncIteration from None
         except (httpx.HTTPError, TimeoutError) as exc:
