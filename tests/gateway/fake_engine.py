@@ -10,6 +10,7 @@ test can tell which replica served it and under which name. A request can ask fo
 misbehaviour through body fields the gateway passes through untouched:
 
     fake_status       answer with this HTTP status and an OpenAI-shaped error
+    fake_error        the error body to send with fake_status instead (an engine's own shape)
     fake_delay_first  seconds to wait before the response headers
     fake_delay_body   seconds between a stream's headers and its first chunk (vLLM sends
                       its headers before the prompt is processed)
@@ -206,19 +207,15 @@ class _Connection(asyncio.Protocol):
             request = {k: v for k, v in request.items() if not k.startswith("fake_")}
         status = request.get("fake_status") or engine.fail_status
         if status:
-            self._write(
-                int(status),
-                json.dumps(
-                    {
-                        "error": {
-                            "message": f"fake engine {engine.name} told to fail",
-                            "type": "server_error",
-                            "param": None,
-                            "code": None,
-                        }
-                    }
-                ).encode(),
-            )
+            error = request.get("fake_error") or {
+                "error": {
+                    "message": f"fake engine {engine.name} told to fail",
+                    "type": "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+            self._write(int(status), json.dumps(error).encode())
             return None
         kind = _KINDS[path]
         model = str(request.get("fake_model") or model)

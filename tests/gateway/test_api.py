@@ -378,6 +378,42 @@ def test_a_stream_the_client_read_to_its_end_is_logged_200_not_499(gw: Gateway) 
     assert line["status"] == 200, f"a stream read to its end was logged {line['status']}"
 
 
+# The engines' own words for a prompt over the context, as they send them.
+LLAMA_OVER_CONTEXT = {
+    "error": {
+        "code": 400,
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 9000,
+        "n_ctx": 8192,
+    }
+}
+VLLM_OVER_CONTEXT = {
+    "object": "error",
+    "message": "This model's maximum context length is 8192 tokens. However, you requested 9000 "
+    "tokens (9000 in the messages, 0 in the completion). Please reduce the length of the messages "
+    "or completion.",
+    "type": "BadRequestError",
+    "param": None,
+    "code": 400,
+}
+
+
+@pytest.mark.parametrize("engine_error", [LLAMA_OVER_CONTEXT, VLLM_OVER_CONTEXT], ids=["llama", "vllm"])
+def test_a_prompt_over_the_context_is_openais_context_length_exceeded(
+    gw: Gateway, engine_error: dict[str, Any]
+) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("plain", fake_status=400, fake_error=engine_error))
+    assert answer.status_code == 400
+    error = error_of(answer)
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "context_length_exceeded",
+        "messages",
+    ), error
+    assert "maximum context length is 8192 tokens" in error["message"], error["message"]
+
+
 def test_an_embedding_model_on_the_chat_endpoint_is_400(gw: Gateway) -> None:
     answer = post(gw, "/v1/chat/completions", chat("embed"))
     assert answer.status_code == 400

@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 from pathlib import Path
 
+from llmgw.errors import UsageError
 from llmgw.gateway.state.keys import read_keys_file
 from llmgw.keys import add_key, lint_keys
 from llmgw.lint import lint
@@ -142,3 +143,18 @@ def test_both_kinds_of_keys_file_at_once_are_refused(tmp_path: Path) -> None:
         assert "set one" in str(exc)
     else:
         raise AssertionError("both LLMGW_KEYS_FILE and LLMGW_API_KEYS_FILE were accepted")
+
+
+def test_the_gateway_refuses_a_keys_file_that_is_not_yaml_in_lints_words(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(f'keys:\n  - name: "team-a\n    sha256: {A}\n')
+    (finding,) = lint_keys(path, [])
+    try:
+        read_keys_file(path)
+    except UsageError as exc:
+        refusal = str(exc)
+    else:
+        raise AssertionError("a keys file with an unclosed quote was served")
+    assert f"keys.yaml:{finding.line}:{finding.column} " in refusal, refusal
+    assert finding.message in refusal, f"/readyz says {refusal!r}, lint says {finding.message!r}"
+    assert "while scanning" not in refusal, "the parser's own wording reached the operator"

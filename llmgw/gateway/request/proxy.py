@@ -54,6 +54,7 @@ from llmgw.gateway.request.relay import (
     Answer,
     Outgoing,
     Relay,
+    context_exceeded,
     count_tokens,
     no_chunks,
     read_error,
@@ -215,6 +216,8 @@ class Proxy:
                     # llmgw/engines.py) already says what was asked for by that name.
                     if not (isinstance(parsed, dict) and parsed.get("model") == requested):
                         whole = renamed(whole, json.dumps(requested).encode(), complete=True)
+                    if upstream.status_code == 400:
+                        whole = context_exceeded(parsed, self.kind) or whole
                     count_tokens(ctx, meter, upstream.status_code, self.limiter)
                     if watch.gone:  # left as the answer came: logged as the relay logs it
                         raise ApiError(CLIENT_GONE, "client went away")

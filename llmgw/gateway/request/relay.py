@@ -265,6 +265,32 @@ class Relay:
             self.proxy.access.finish(self.req, self.status)
 
 
+def context_exceeded(answer: Any, kind: str) -> bytes | None:
+    """An engine's "prompt over the context" error (an engine's 400, parsed) in OpenAI's
+    shape, which clients branch on (`code: context_length_exceeded`) to trim and retry;
+    None for any other answer. llama-server says `exceed_context_size_error` with its own
+    fields; vLLM writes OpenAI's sentence in its own envelope."""
+    if not isinstance(answer, dict):
+        return None
+    nested = answer.get("error")
+    error: dict[str, Any] = nested if isinstance(nested, dict) else answer
+    message = error.get("message")
+    if not isinstance(message, str):
+        return None
+    if error.get("type") == "exceed_context_size_error":
+        limit, given = error.get("n_ctx"), error.get("n_prompt_tokens")
+        most = f"is {limit} tokens" if isinstance(limit, int) else "was exceeded"
+        over = f" However, your request has {given} tokens." if isinstance(given, int) else ""
+        message = (
+            f"This model's maximum context length {most}.{over} "
+            "Please reduce the length of the messages or the completion."
+        )
+    elif "maximum context length" not in message:
+        return None
+    param = "messages" if kind == "chat" else "input" if kind == "embedding" else "prompt"
+    return error_body(message, "invalid_request_error", param, "context_length_exceeded")
+
+
 def count_tokens(ctx: Any, meter: Meter, status: int, limiter: Limiter | None) -> None:
     """Count an ended answer's tokens in the metrics, and charge its key for them."""
     try:

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from llmgw.atomic import file_signature, replace_file
 from llmgw.errors import UsageError
 from llmgw.nesting import too_deep_at, too_deep_sentence
+from llmgw.yaml_errors import yaml_error
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -136,6 +137,11 @@ def _yaml(text: str, path: Path) -> Any:
         raise UsageError(f"{path}:{line}:{column} (LLMGW_KEYS_FILE): {too_deep_sentence()}")
     try:
         return YAML(typ="safe").load(text)
+    except MarkedYAMLError as exc:
+        # lint's sentence, not the parser's states: the person reading /readyz fixes the
+        # file from it.
+        line, column, sentence = yaml_error(exc, text)
+        raise UsageError(f"{path}:{line}:{column} (LLMGW_KEYS_FILE): {sentence}") from None
     except YAMLError as exc:
         raise UsageError(
             f"{path} (LLMGW_KEYS_FILE) is not valid YAML: {exc}. `llmgw lint` shows where."
