@@ -421,6 +421,11 @@ def test_an_embedding_model_on_the_chat_endpoint_is_400(gw: Gateway) -> None:
     assert "/v1/embeddings" in message and "is an embedding model" in message, message
 
 
+def test_cors_is_off_unless_the_operator_lists_origins(gw: Gateway) -> None:
+    answer = httpx.get(gw.url + "/v1/models", headers={"Origin": "https://app.example.com"}, timeout=10)
+    assert "access-control-allow-origin" not in answer.headers
+
+
 def test_an_unknown_path_answers_in_openais_shape(gw: Gateway) -> None:
     answer = httpx.get(gw.url + "/v2/nothing", timeout=10)
     assert answer.status_code == 404

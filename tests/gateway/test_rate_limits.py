@@ -19,6 +19,7 @@ BURST, TOKENS, METERED, HANGUP, MANY = "sk-burst", "sk-tokens", "sk-metered", "s
 ADMIN = "admin-secret"
 PATIENT = "sk-patient"
 RESERVED, SCOPED = "sk-reserved", "sk-scoped"
+APP_ORIGIN = "https://app.example.com"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine) -> Iterat
         f"  - {{name: reserved, sha256: {key_digest(RESERVED)}, tpm: 300}}\n"
         f"  - {{name: scoped, sha256: {key_digest(SCOPED)}, models: [chat, capped]}}\n"
     )
-    with gateway(path, LLMGW_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN) as gw:
+    with gateway(
+        path, LLMGW_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN, LLMGW_CORS_ORIGINS=APP_ORIGIN
+    ) as gw:
         yield gw
 
 
@@ -272,3 +275,29 @@ def test_the_openai_clients_retry_waits_as_retry_after_says_and_then_succeeds(se
     assert raw.http_response.status_code == 200
     assert raw.retries_taken == 1, "the first try was refused 429 and the retry got through"
     assert 1.5 <= waited <= 10, f"the client waited {waited:.1f}s; Retry-After said about 3"
+
+
+def test_a_listed_origins_page_may_call_the_api_with_its_preflight_needing_no_key(served: Gateway) -> None:
+    preflight = httpx.options(
+        served.url + "/v1/chat/completions",
+        headers={
+            "Origin": APP_ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+        timeout=10,
+    )
+    assert preflight.status_code == 200, f"the browser's preflight was refused: {preflight.text}"
+    assert preflight.headers["access-control-allow-origin"] == APP_ORIGIN
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    answer = httpx.post(
+        served.url + "/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {MANY}", "Origin": APP_ORIGIN},
+        timeout=30,
+    )
+    assert answer.status_code == 200
+    assert answer.headers["access-control-allow-origin"] == APP_ORIGIN
+    assert "x-ratelimit-remaining-requests" in answer.headers["access-control-expose-headers"].lower()
+    other = httpx.get(served.url + "/v1/models", headers={"Origin": "https://evil.example"}, timeout=10)
+    assert "access-control-allow-origin" not in other.headers, "an origin not listed was allowed"

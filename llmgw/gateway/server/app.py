@@ -133,6 +133,25 @@ class Lifecycle:
         await self.upstream.aclose()
 
 
+_RATE_HEADERS = [
+    f"x-ratelimit-{what}-{of}" for what in ("limit", "remaining", "reset") for of in ("requests", "tokens")
+]
+
+
+def _cors(settings: Settings) -> list[falcon.CORSMiddleware[Any, Any]]:
+    """Falcon's CORS middleware for the origins LLMGW_CORS_ORIGINS lists; none when unset."""
+    origins = settings.cors_origins
+    if not origins:
+        return []
+    return [
+        falcon.CORSMiddleware(
+            allow_origins="*" if "*" in origins else list(origins),
+            # What an OpenAI client in a page reads besides the body.
+            expose_headers=[*_RATE_HEADERS, "Retry-After", "X-Request-Id"],
+        )
+    ]
+
+
 def create_app(
     settings: Settings | None = None,
 ) -> falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]:
@@ -152,7 +171,8 @@ def create_app(
     limiter = Limiter(shared) if settings.keys_file is not None else None
     samples = Samples(shared)
 
-    app = _App(middleware=[Lifecycle(state, health, upstream, settings, keys, samples), access])
+    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples)
+    app = _App(middleware=[*_cors(settings), lifecycle, access])
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)

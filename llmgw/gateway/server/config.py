@@ -12,6 +12,7 @@ import hashlib
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,9 @@ class Settings:
     # how many may wait per model in one worker.
     load_timeout: float = 120.0
     max_held: int = 64
+    # Browser origins allowed to call the API (LLMGW_CORS_ORIGINS): none by default, since
+    # a page on any site could otherwise spend a key a browser extension or a user pasted.
+    cors_origins: tuple[str, ...] = ()
     # Names this gateway (all its workers) on the requests it sends: one that comes back
     # carrying it was sent by this gateway to itself (see `VIA_HEADER`).
     instance: str = ""
@@ -119,6 +123,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["metrics_token"] = env["LLMGW_METRICS_TOKEN"]
     if env.get("LLMGW_DNS_SERVERS"):
         values["dns_servers"] = _servers(env["LLMGW_DNS_SERVERS"])
+    if env.get("LLMGW_CORS_ORIGINS"):
+        values["cors_origins"] = _origins(env["LLMGW_CORS_ORIGINS"])
     if env.get("LLMGW_ACCESS_LOG", "").lower() in ("0", "off", "false", "no"):
         values["access_log"] = False
     return Settings(**values)  # type: ignore[arg-type]
@@ -129,6 +135,17 @@ def _instance(env: Mapping[str, str]) -> str:
     # new one per run); a lone process has no one to agree with.
     shared = env.get("PROMETHEUS_MULTIPROC_DIR") or f"pid {os.getpid()} {os.urandom(8).hex()}"
     return hashlib.sha256(f"llmgw gateway {shared}".encode()).hexdigest()[:16]
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise UsageError(
+                f"LLMGW_CORS_ORIGINS={text!r}: {origin!r} is not an origin; list origins as a "
+                "browser sends them, e.g. https://app.example.com,http://localhost:3000, or * for any."
+            )
+    return origins
 
 
 def _servers(text: str) -> tuple[tuple[str, int], ...]:
