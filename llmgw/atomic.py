@@ -8,22 +8,37 @@ once turned the machine's /dev/null into a regular file holding a plan. Anything
 shell redirection would. A symlink is followed, so the file it points at gets the new
 content and the link stays a link.
 
+The files a program keeps for itself beside another (the gateway's last-good copies, its
+refusal record, its usage readings) are `owned`: a symlink at their name is refused, never
+followed, since anyone who can write the plan's folder could otherwise have the gateway
+overwrite whatever file the link names. The temporary file is always made new under a
+name nobody can guess (O_EXCL, O_NOFOLLOW), for the same reason; and the data is on disk
+(fsync of the file, then of its folder) before and after the rename, so a crash leaves the
+old content or the new, never an empty file.
+
 `file_signature` is the reader's side: a file replaced this way has a new identity, which
 the gateway (plan, keys) and the node agent (plan) poll for.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
 
-def replace_file(path: Path, data: bytes, tag: str = "tmp") -> None:
-    """Write `data` to `path` through a rename when that is safe, else directly.
+def replace_file(path: Path, data: bytes, tag: str = "tmp", owned: bool = False) -> None:
+    """Write `data` to `path` through a rename when that is safe, else directly; for an
+    `owned` file, only through a rename, and never through a symlink.
 
     Raises OSError as open() and os.replace() do; callers turn it into their own sentence.
     """
+    if owned:
+        _refuse_unless_own(path)
+        _write_and_rename(path, data, tag)
+        return
     try:
         mode = os.stat(path).st_mode  # follows symlinks
     except FileNotFoundError:
@@ -36,13 +51,50 @@ def replace_file(path: Path, data: bytes, tag: str = "tmp") -> None:
         return
     # realpath, not resolve(): only regular files and missing names get here, and a
     # dangling symlink is then created at the file it names, as open() would.
-    target = Path(os.path.realpath(path))
-    tmp = target.with_name(f".{target.name}.{tag}{os.getpid()}")
+    _write_and_rename(Path(os.path.realpath(path)), data, tag)
+
+
+def _refuse_unless_own(path: Path) -> None:
     try:
-        tmp.write_bytes(data)
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        what = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+        raise OSError(
+            errno.EPERM,
+            f"{path} is {what}, and llmgw writes only files of its own there; remove it, "
+            "and llmgw writes a new one",
+        )
+
+
+def _write_and_rename(target: Path, data: bytes, tag: str) -> None:
+    tmp = target.with_name(f".{target.name}.{tag}{os.getpid()}.{secrets.token_hex(6)}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+    _sync_folder(target.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the rename itself durable: without it, a crash can bring back the old name."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot sync a folder; the file itself is on disk
+    finally:
+        os.close(fd)
 
 
 Signature = tuple[int, int, int, int] | None

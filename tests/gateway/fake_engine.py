@@ -12,6 +12,7 @@ test can tell which replica served it and under which name. A request can ask fo
 misbehaviour through body fields the gateway passes through untouched:
 
     fake_status       answer with this HTTP status and an OpenAI-shaped error
+    fake_error        the error body to send with fake_status instead (an engine's own shape)
     fake_delay_first  seconds to wait before the response headers
     fake_delay_body   seconds between a stream's headers and its first chunk (vLLM sends
                       its headers before the prompt is processed)
@@ -30,6 +31,7 @@ misbehaviour through body fields the gateway passes through untouched:
     fake_broken_sse   end a stream in the middle of an event, after one whole event
     stream_options    {"include_usage": true} ends a stream with a usage-only event, as
                       vLLM does (prompt 3 tokens, completion one per chunk)
+    fake_linger       seconds between a stream's [DONE] event and the end of its body
     fake_model        the model an answer names, as a llama-server without --alias names
                       its weights file (default: the model it was sent)
 
@@ -37,8 +39,8 @@ A stream waits for room in the socket before each event, as the servers real eng
 on do (uvicorn for vLLM, cpp-httplib's blocking writes for llama.cpp): a gateway that
 stops reading holds the engine back, and `streamed_bytes` shows how far it got.
 
-GET /fake/stats reports requests seen, streams whose client went away, models seen, and
-the bytes of stream events written.
+GET /fake/stats reports requests seen, streams whose client went away, models and
+`max_tokens` seen, and the bytes of stream events written.
 POST /fake/health with {"status": 503} changes what GET /health answers from then on.
 """
 
@@ -74,6 +76,7 @@ class Engine:
         self.disconnects = 0
         self.open = 0  # connections open now: what a test checks the gateway did not leak
         self.models_seen: list[str] = []
+        self.max_tokens_seen: list[Any] = []
         self.streamed_bytes = 0
         self.last: dict[str, Any] | None = None  # the last API request, as it arrived
 
@@ -86,6 +89,7 @@ class Engine:
             "open": self.open,
             "streamed_bytes": self.streamed_bytes,
             "models_seen": self.models_seen[-50:],
+            "max_tokens_seen": self.max_tokens_seen[-50:],
         }
 
 
@@ -202,23 +206,20 @@ class _Connection(asyncio.Protocol):
             return None
         model = str(request.get("model"))
         engine.models_seen.append(model)
+        engine.max_tokens_seen.append(request.get("max_tokens"))
         if request.get("fake_only") not in (None, engine.name):
             request = {k: v for k, v in request.items() if not k.startswith("fake_")}
         status = request.get("fake_status") or engine.fail_status
         if status:
-            self._write(
-                int(status),
-                json.dumps(
-                    {
-                        "error": {
-                            "message": f"fake engine {engine.name} told to fail",
-                            "type": "server_error",
-                            "param": None,
-                            "code": None,
-                        }
-                    }
-                ).encode(),
-            )
+            error = request.get("fake_error") or {
+                "error": {
+                    "message": f"fake engine {engine.name} told to fail",
+                    "type": "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+            self._write(int(status), json.dumps(error).encode())
             return None
         kind = _KINDS[path]
         model = str(request.get("fake_model") or model)
@@ -333,6 +334,15 @@ class _Connection(asyncio.Protocol):
             event = b"data: " + json.dumps(data).encode() + b"\n\n"
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
         done = b"data: [DONE]\n\n"
+        linger = float(request.get("fake_linger") or 0)
+        if linger:
+            # The last event, then the body's end a while later: a client that closes on
+            # [DONE] leaves before the engine's stream has ended.
+            self.transport.write(b"%x\r\n%s\r\n" % (len(done), done))
+            await asyncio.sleep(linger)
+            if not self.closed:
+                self.transport.write(b"0\r\n\r\n")
+            return
         self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
 

@@ -328,11 +328,102 @@ def test_max_tokens_over_the_models_limit_is_400_naming_it(gw: Gateway) -> None:
     assert post(gw, "/v1/chat/completions", chat("chat-a", max_tokens=100)).status_code == 200
 
 
+def test_a_request_without_a_limit_reaches_the_engine_with_the_models_max_output(
+    gw: Gateway, engine_a: Engine
+) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("chat-a", ignore_eos=True))
+    assert answer.status_code == 200
+    sent = engine_a.stats()["max_tokens_seen"][-1]
+    assert sent == 100, f"the engine was asked for {sent} tokens at most, not the model's max_output 100"
+    post(gw, "/v1/chat/completions", chat("chat-a", max_tokens=7))
+    assert engine_a.stats()["max_tokens_seen"][-1] == 7, "the client's own limit must be kept"
+
+
+@pytest.mark.parametrize("stream", [1, "true", {}])
+def test_a_stream_that_is_not_a_boolean_is_400(gw: Gateway, stream: Any) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("plain", stream=stream))
+    assert answer.status_code == 400
+    error = error_of(answer)
+    assert error["param"] == "stream" and "true or false" in error["message"], error
+
+
+def test_a_model_that_is_not_a_string_is_400_saying_so(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", {**chat("plain"), "model": 5})
+    assert answer.status_code == 400
+    message = error_of(answer)["message"]
+    assert "must be a string" in message and "has no" not in message, message
+
+
+def test_an_engine_answering_503_while_it_loads_is_503_with_retry_after_not_502(gw: Gateway) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("plain", fake_status=503))
+    assert answer.status_code == 503, f"a loading engine was reported as {answer.status_code}: {answer.text}"
+    assert int(answer.headers["Retry-After"]) >= 1
+    error = error_of(answer)
+    assert error["code"] == "model_not_ready" and "not ready yet" in error["message"], error
+
+
+def test_a_stream_the_client_read_to_its_end_is_logged_200_not_499(gw: Gateway) -> None:
+    body = chat("plain", stream=True, fake_linger=1.0)
+    with httpx.Client(timeout=30) as client, client.stream(
+        "POST", gw.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "read-to-done"}
+    ) as answer:
+        for line in answer.iter_lines():
+            if line == "data: [DONE]":
+                break  # everything read: the client goes, as the openai client does
+    line = wait_until(
+        lambda: next((r for r in gw.access_lines() if r.get("request_id") == "read-to-done"), None),
+        10,
+        "the stream's access log line",
+    )
+    assert line["status"] == 200, f"a stream read to its end was logged {line['status']}"
+
+
+# The engines' own words for a prompt over the context, as they send them.
+LLAMA_OVER_CONTEXT = {
+    "error": {
+        "code": 400,
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 9000,
+        "n_ctx": 8192,
+    }
+}
+VLLM_OVER_CONTEXT = {
+    "object": "error",
+    "message": "This model's maximum context length is 8192 tokens. However, you requested 9000 "
+    "tokens (9000 in the messages, 0 in the completion). Please reduce the length of the messages "
+    "or completion.",
+    "type": "BadRequestError",
+    "param": None,
+    "code": 400,
+}
+
+
+@pytest.mark.parametrize("engine_error", [LLAMA_OVER_CONTEXT, VLLM_OVER_CONTEXT], ids=["llama", "vllm"])
+def test_a_prompt_over_the_context_is_openais_context_length_exceeded(
+    gw: Gateway, engine_error: dict[str, Any]
+) -> None:
+    answer = post(gw, "/v1/chat/completions", chat("plain", fake_status=400, fake_error=engine_error))
+    assert answer.status_code == 400
+    error = error_of(answer)
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "context_length_exceeded",
+        "messages",
+    ), error
+    assert "maximum context length is 8192 tokens" in error["message"], error["message"]
+
+
 def test_an_embedding_model_on_the_chat_endpoint_is_400(gw: Gateway) -> None:
     answer = post(gw, "/v1/chat/completions", chat("embed"))
     assert answer.status_code == 400
     message = error_of(answer)["message"]
     assert "/v1/embeddings" in message and "is an embedding model" in message, message
+
+
+def test_cors_is_off_unless_the_operator_lists_origins(gw: Gateway) -> None:
+    answer = httpx.get(gw.url + "/v1/models", headers={"Origin": "https://app.example.com"}, timeout=10)
+    assert "access-control-allow-origin" not in answer.headers
 
 
 def test_an_unknown_path_answers_in_openais_shape(gw: Gateway) -> None:

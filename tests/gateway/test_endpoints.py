@@ -133,6 +133,23 @@ def test_a_streamed_response_arrives_event_by_event_renamed_and_charged(served: 
     assert (line["path"], line["model"], line["status"]) == ("/v1/responses", "gemma", 200)
 
 
+def test_each_api_without_a_limit_gets_the_models_max_output_in_its_own_field(
+    served: Gateway, engine_a: Engine
+) -> None:
+    openai_client(served, OTHER).responses.create(model="g", input="hi")
+    sent = engine_saw(engine_a)["request"]
+    assert sent.get("max_output_tokens") == 64 and "max_tokens" not in sent, sent
+    tokenized = httpx.post(
+        served.url + "/v1/tokenize",
+        json={"model": "g", "content": "hi"},
+        headers={"Authorization": f"Bearer {OTHER}"},
+        timeout=10,
+    )
+    assert tokenized.status_code == 200, tokenized.text
+    counted = engine_saw(engine_a)["request"]
+    assert "max_tokens" not in counted and "max_output_tokens" not in counted, "counting generates nothing"
+
+
 def test_a_response_over_max_output_is_refused_before_the_engine(served: Gateway) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         openai_client(served, OTHER).responses.create(model="g", input="hi", max_output_tokens=65)

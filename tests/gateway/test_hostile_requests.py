@@ -246,6 +246,19 @@ def test_metrics_and_readyz_need_the_metrics_token_when_one_is_set(gw: Gateway) 
     assert httpx.get(gw.url + "/healthz", timeout=10).status_code == 200, "liveness stays open"
 
 
+def test_the_dashboard_hides_engines_from_a_caller_without_the_metrics_token(
+    gw: Gateway, engine_a: Engine
+) -> None:
+    address = engine_a.url.removeprefix("http://")
+    bare = httpx.get(gw.url + "/dashboard/status.json", timeout=10)
+    assert bare.status_code == 200, "the page's counts stay open"
+    assert address not in bare.text, f"status.json showed engine {address} without the token"
+    assert bare.json()["engines_hidden"] is True
+    assert address not in httpx.get(gw.url + "/dashboard", timeout=10).text
+    shown = httpx.get(gw.url + "/dashboard/status.json", headers=gw.probe_headers(), timeout=10)
+    assert address in shown.text, "the token's holder still sees the engines"
+
+
 def test_metrics_drop_the_series_of_a_model_the_plan_no_longer_has(
     gw: Gateway, engine_a: Engine, engine_b: Engine
 ) -> None:
@@ -307,6 +320,50 @@ def test_a_big_deploy_does_not_stall_the_workers_other_requests(tmp_path: Path, 
         assert max(waits) < took / 2, (
             f"a request waited {max(waits):.2f}s of the deploy's {took:.2f}s: it was checked on the loop"
         )
+
+
+def test_the_gateway_never_writes_through_a_symlink_at_its_own_files(
+    tmp_path: Path, engine_a: Engine
+) -> None:
+    # Anyone who can write the plan's folder could point these names at another file, and
+    # the gateway, writing its last good copy or a refusal, would overwrite that file.
+    path = tmp_path / "plan.json"
+    write_plan(path, plan([model("chat", [profile([engine_a.url], "chat")])]))
+    victims = {}
+    for name in (".plan.json.last-good", ".plan.json.refused"):
+        victim = tmp_path / f"victim{name}"
+        victim.write_text("precious\n")
+        (tmp_path / name).symlink_to(victim)
+        victims[name] = victim
+    with gateway(path, LLMGW_ADMIN_TOKEN=ADMIN) as gw:
+        refused = post_raw(gw, b'{"models": 5}', "/admin/plan", **admin())
+        assert refused.status_code == 422, refused.text
+        wait_until(lambda: "llmgw writes only files of its own" in gw.log(), 10, "the symlink to be refused")
+        assert post(gw, chat("chat")).status_code == 200, "the gateway serves all the same"
+    for name, victim in victims.items():
+        assert victim.read_text() == "precious\n", f"the gateway wrote through the symlink at {name}"
+        assert (tmp_path / name).is_symlink()
+
+
+def test_an_endpoint_pointing_at_the_gateway_itself_is_508_not_a_fan_out(
+    tmp_path: Path, engine_a: Engine
+) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, plan([model("chat", [profile([engine_a.url], "chat")])]))
+    # Health checks far apart: the looping replica stays in rotation for the whole test.
+    with gateway(
+        path, LLMGW_ADMIN_TOKEN=ADMIN, LLMGW_HEALTH_INTERVAL="60", LLMGW_FIRST_BYTE_TIMEOUT="5"
+    ) as gw:
+        looped = plan([model("self", [profile([gw.url], "self")])])
+        deployed = post_raw(gw, json.dumps(looped.doc).encode(), "/admin/plan", **admin())
+        assert deployed.status_code == 200, deployed.text
+        gw.every_worker(lambda ready: ready["digest"] == looped.digest, 10, "the looping plan")
+        answer = post(gw, chat("self"))
+        assert answer.status_code == 508, answer.text
+        assert "points at the gateway" in error_of(answer)["message"]
+        time.sleep(0.5)
+        asked = [line for line in gw.access_lines() if line.get("model") == "self"]
+        assert len(asked) <= 2, f"one request became {len(asked)}"
 
 
 def local_address() -> str | None:

@@ -18,13 +18,24 @@ from harness import Engine, Gateway, gateway, key_digest, model, plan, profile, 
 BURST, TOKENS, METERED, HANGUP, MANY = "sk-burst", "sk-tokens", "sk-metered", "sk-hangup", "sk-many"
 ADMIN = "admin-secret"
 PATIENT = "sk-patient"
+RESERVED, SCOPED = "sk-reserved", "sk-scoped"
+APP_ORIGIN = "https://app.example.com"
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("limits")
     path = tmp / "plan.json"
-    write_plan(path, plan([model("chat", [profile([engine_a.url], "chat")])]))
+    write_plan(
+        path,
+        plan(
+            [
+                model("chat", [profile([engine_a.url], "chat")]),
+                model("capped", [profile([engine_a.url], "capped")], max_output=100),
+                model("secret-model", [profile([engine_a.url], "secret-model")]),
+            ]
+        ),
+    )
     keys = tmp / "keys.yaml"
     keys.write_text(
         "keys:\n"
@@ -34,8 +45,12 @@ def served(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine) -> Iterat
         f"  - {{name: hangup, sha256: {key_digest(HANGUP)}}}\n"
         f"  - {{name: many, sha256: {key_digest(MANY)}, rpm: 1000}}\n"
         f"  - {{name: patient, sha256: {key_digest(PATIENT)}, rpm: 1}}\n"
+        f"  - {{name: reserved, sha256: {key_digest(RESERVED)}, tpm: 300}}\n"
+        f"  - {{name: scoped, sha256: {key_digest(SCOPED)}, models: [chat, capped]}}\n"
     )
-    with gateway(path, LLMGW_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN) as gw:
+    with gateway(
+        path, LLMGW_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN, LLMGW_CORS_ORIGINS=APP_ORIGIN
+    ) as gw:
         yield gw
 
 
@@ -184,7 +199,43 @@ def test_a_client_that_hangs_up_midway_is_charged_its_prompt_estimate(served: Ga
         10,
         "the prompt estimate (over 400 bytes: at least 100 tokens) to be charged",
     )
-    assert metric(served, "llmgw_tokens_total", key="hangup", kind="completion") == 0
+    # One chunk reached the client before it left: about a token, charged as relayed.
+    wait_until(
+        lambda: metric(served, "llmgw_tokens_total", key="hangup", kind="completion") >= 1,
+        10,
+        "the events relayed before the hang-up to be charged as completion tokens",
+    )
+
+
+def test_concurrent_requests_reserve_their_maximum_so_tpm_holds(served: Gateway) -> None:
+    # Each request may write 100 tokens (the model's max_output): reserved at admission,
+    # three fill the key's 300 while they run, and the rest are refused. Counted only at
+    # the end, all twenty were let in.
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        status = post(served, RESERVED, model="capped", fake_delay_first=1.5).status_code
+        with lock:
+            statuses.append(status)
+
+    threads = [threading.Thread(target=client) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    admitted = statuses.count(200)
+    assert 1 <= admitted <= 4, f"tpm 300 with 100-token answers let {admitted} of 20 through"
+    assert statuses.count(429) == 20 - admitted, statuses
+
+
+def test_a_404s_hint_names_only_models_the_key_may_use(served: Gateway) -> None:
+    answer = post(served, SCOPED, model="secret-modle")
+    assert answer.status_code == 404
+    message = answer.json()["error"]["message"]
+    assert "secret-model" not in message, f"the 404 named a model the key may not use: {message}"
+    answer = post(served, METERED, model="secret-modle")
+    assert "secret-model" in answer.json()["error"]["message"], "an unscoped key is still helped"
 
 
 def test_admin_keys_shows_a_keys_limits_and_usage(served: Gateway) -> None:
@@ -201,7 +252,9 @@ def test_admin_keys_shows_a_keys_limits_and_usage(served: Gateway) -> None:
     assert (got["name"], got["rpm"], got["tpm"], got["models"]) == ("many", 1000, None, None)
     assert got["last_minute"]["requests"] >= 1
     listed = httpx.get(served.url + "/admin/keys", headers=admin, timeout=10).json()["data"]
-    assert {k["name"] for k in listed} == {"burst", "tokens", "metered", "hangup", "many", "patient"}
+    assert {k["name"] for k in listed} == {
+        "burst", "tokens", "metered", "hangup", "many", "patient", "reserved", "scoped"
+    }
     assert httpx.get(served.url + "/admin/keys", timeout=10).status_code == 401
     assert httpx.get(served.url + "/admin/keys/nobody", headers=admin, timeout=10).status_code == 404
 
@@ -222,3 +275,29 @@ def test_the_openai_clients_retry_waits_as_retry_after_says_and_then_succeeds(se
     assert raw.http_response.status_code == 200
     assert raw.retries_taken == 1, "the first try was refused 429 and the retry got through"
     assert 1.5 <= waited <= 10, f"the client waited {waited:.1f}s; Retry-After said about 3"
+
+
+def test_a_listed_origins_page_may_call_the_api_with_its_preflight_needing_no_key(served: Gateway) -> None:
+    preflight = httpx.options(
+        served.url + "/v1/chat/completions",
+        headers={
+            "Origin": APP_ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+        timeout=10,
+    )
+    assert preflight.status_code == 200, f"the browser's preflight was refused: {preflight.text}"
+    assert preflight.headers["access-control-allow-origin"] == APP_ORIGIN
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    answer = httpx.post(
+        served.url + "/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {MANY}", "Origin": APP_ORIGIN},
+        timeout=30,
+    )
+    assert answer.status_code == 200
+    assert answer.headers["access-control-allow-origin"] == APP_ORIGIN
+    assert "x-ratelimit-remaining-requests" in answer.headers["access-control-expose-headers"].lower()
+    other = httpx.get(served.url + "/v1/models", headers={"Origin": "https://evil.example"}, timeout=10)
+    assert "access-control-allow-origin" not in other.headers, "an origin not listed was allowed"

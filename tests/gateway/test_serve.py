@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -133,3 +134,31 @@ def _not_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_sigint_to_the_master_stops_every_worker_at_once_even_with_a_stream_open(
+    tmp_path: Path, engine_a: Engine
+) -> None:
+    # SIGINT is gunicorn's quick stop: it sends its workers SIGQUIT, which uvicorn's worker
+    # took only as "no longer alive" while its server ran on, until the master's graceful
+    # timeout (120 s) ran out and it killed them, logging "Perhaps out of memory?".
+    with gateway(plan_file(tmp_path, engine_a), workers=2) as gw:
+        body = {
+            "model": "chat",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "fake_chunks": 600,
+            "fake_chunk_delay": 0.1,
+        }
+        with httpx.Client(timeout=30) as client, client.stream(
+            "POST", gw.url + "/v1/chat/completions", json=body
+        ) as answer:
+            assert answer.status_code == 200
+            next(answer.iter_raw())
+            started = time.monotonic()
+            os.kill(gw.proc.pid, signal.SIGINT)
+            gw.proc.wait(30)
+        took = time.monotonic() - started
+        assert took < 10, f"the master took {took:.0f}s to stop its workers"
+        assert "out of memory" not in gw.log(), gw.log()[-2000:]
+        assert "was sent SIGKILL" not in gw.log(), gw.log()[-2000:]

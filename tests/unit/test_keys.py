@@ -202,3 +202,18 @@ def test_lint_the_gateway_and_keys_add_refuse_the_same_names_by_the_one_schema(l
     path.write_text(f"keys:\n  - name: team\n    sha256: {A}\n    rpm: 0\n")
     with pytest.raises(UsageError, match=r"key #1 \('team'\): `rpm` must be a whole number of 1 or more"):
         read_keys_file(path)
+
+
+def test_the_gateway_refuses_a_keys_file_that_is_not_yaml_in_lints_words(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(f'keys:\n  - name: "team-a\n    sha256: {A}\n')
+    (finding,) = lint_keys(path, [])
+    try:
+        read_keys_file(path)
+    except UsageError as exc:
+        refusal = str(exc)
+    else:
+        raise AssertionError("a keys file with an unclosed quote was served")
+    assert f"keys.yaml:{finding.line}:{finding.column} " in refusal, refusal
+    assert finding.message in refusal, f"/readyz says {refusal!r}, lint says {finding.message!r}"
+    assert "while scanning" not in refusal, "the parser's own wording reached the operator"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +30,7 @@ import falcon
 import falcon.asgi
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from llmgw.gateway.request.access import bearer_token
 from llmgw.gateway.state.rates import Figures, ModelFigures
 from llmgw.plan import Plan, PlanModel
 
@@ -298,17 +300,24 @@ def _asset_version(name: str) -> str:
     return hashlib.sha256((_STATIC / name).read_bytes()).hexdigest()[:12]
 
 
-def render_page(snapshot: DashboardSnapshot, now: float | None = None, view: PlanView | None = None) -> str:
+def render_page(
+    snapshot: DashboardSnapshot,
+    now: float | None = None,
+    view: PlanView | None = None,
+    engines_shown: bool = True,
+) -> str:
     """The whole page as HTML, with health as of this call."""
     now = time.time() if now is None else now
     view = view or _VIEWS.get(snapshot.plan)
     status = status_document(snapshot, view, now)
+    if not engines_shown:
+        status = without_engines(status)
     return _ENV.get_template("dashboard.html").render(
         view=view,
         status=status,
         refusal=snapshot.refusal,
         keys_refusal=snapshot.keys_refusal,
-        discovery_errors=snapshot.discovery_errors,
+        discovery_errors=status["discovery_errors"],
         loaded_at_utc=status["loaded_at_utc"],
         age=status["age"],
         status_path=STATUS_PATH,
@@ -317,6 +326,28 @@ def render_page(snapshot: DashboardSnapshot, now: float | None = None, view: Pla
         css_version=_asset_version("dashboard.css"),
         js_version=_asset_version("dashboard.js"),
     )
+
+
+def without_engines(status: dict[str, Any]) -> dict[str, Any]:
+    """The status for a caller without the metrics token: how many replicas are in rotation,
+    but no engine's address or state, nor the DNS names discovery failed on. The token hides
+    them on /metrics and /readyz; shown here, it hid nothing."""
+    models = {
+        name: {
+            **m,
+            "profiles": {p: {**ph, "replicas": {}} for p, ph in m["profiles"].items()},
+        }
+        for name, m in status["models"].items()
+    }
+    return {**status, "models": models, "discovery_errors": [], "engines_hidden": True}
+
+
+def engines_shown(token: str | None, authorization: str | None) -> bool:
+    """Whether this caller may see engines: always when no metrics token is set."""
+    if not token:
+        return True
+    given = bearer_token(authorization) or ""
+    return hmac.compare_digest(given.encode(), token.encode())
 
 
 def render_keys_page(keys: list[Mapping[str, Any]]) -> str:
@@ -355,24 +386,30 @@ def set_page_headers(resp: falcon.asgi.Response) -> None:
 
 
 class _PageResource:
-    def __init__(self, snapshot: Callable[[], DashboardSnapshot], views: _Views) -> None:
+    def __init__(self, snapshot: Callable[[], DashboardSnapshot], views: _Views, token: str | None) -> None:
         self._snapshot = snapshot
         self._views = views
+        self._token = token
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         snap = self._snapshot()
-        resp.text = render_page(snap, view=self._views.get(snap.plan))
+        shown = engines_shown(self._token, req.get_header("Authorization"))
+        resp.text = render_page(snap, view=self._views.get(snap.plan), engines_shown=shown)
         set_page_headers(resp)
 
 
 class _StatusResource:
-    def __init__(self, snapshot: Callable[[], DashboardSnapshot], views: _Views) -> None:
+    def __init__(self, snapshot: Callable[[], DashboardSnapshot], views: _Views, token: str | None) -> None:
         self._snapshot = snapshot
         self._views = views
+        self._token = token
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         snap = self._snapshot()
-        resp.media = status_document(snap, self._views.get(snap.plan), time.time())
+        status = status_document(snap, self._views.get(snap.plan), time.time())
+        if not engines_shown(self._token, req.get_header("Authorization")):
+            status = without_engines(status)
+        resp.media = status
         resp.cache_control = ["no-store"]
 
 
@@ -416,13 +453,16 @@ class _StaticResource:
 
 
 def add_dashboard_routes(
-    app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response], snapshot: Callable[[], DashboardSnapshot]
+    app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response],
+    snapshot: Callable[[], DashboardSnapshot],
+    metrics_token: str | None = None,
 ) -> None:
-    """Mount the page at GET / and GET /dashboard, its status JSON and its static assets."""
+    """Mount the page at GET / and GET /dashboard, its status JSON and its static assets;
+    engines are shown only to callers with `metrics_token`, when one is set."""
     views = _Views()
-    page = _PageResource(snapshot, views)
+    page = _PageResource(snapshot, views, metrics_token)
     app.add_route("/", page)
     # Error messages point people at /dashboard; it is the same page.
     app.add_route("/dashboard", page)
-    app.add_route(STATUS_PATH, _StatusResource(snapshot, views))
+    app.add_route(STATUS_PATH, _StatusResource(snapshot, views, metrics_token))
     app.add_route(STATIC_PREFIX + "/{name}", _StaticResource(_STATIC))

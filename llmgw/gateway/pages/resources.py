@@ -39,10 +39,10 @@ class Models:
         resp.data = json.dumps({"object": "list", "data": listing}).encode()
 
     async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str) -> None:
-        table = req.context.table
-        model = table.lookup(model_id)
+        table, tenant = req.context.table, req.context.tenant
+        model = table.lookup(model_id, tenant.may_use if tenant is not None else None)
         req.context.model = model.name
-        check_model(req.context.tenant, model, table)
+        check_model(tenant, model, table)
         resp.content_type = falcon.MEDIA_JSON
         resp.data = table.model_bodies[model_id]
 

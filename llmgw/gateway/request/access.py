@@ -82,6 +82,10 @@ class Access:
         ctx.request_id = given if given and _plausible_id(given) else f"{self._prefix}{next(self._ids)}"
         ctx.table = self.state.table
         ctx.api = is_api_path(req.path)
+        # A browser's CORS preflight never carries the key (the spec forbids it), and it
+        # serves nothing: refused, no page could call the gateway with one.
+        if _preflight(req):
+            return
         if ctx.api and self.keys is not None:
             ctx.tenant = self._check_key(_credentials(req))
 
@@ -90,7 +94,7 @@ class Access:
     ) -> None:
         # The route that matched decides, whatever spelling of the path reached it: no
         # request gets to a /v1 resource without the same key check as /v1 itself.
-        if req.context.api or not is_api_path(req.uri_template or ""):
+        if req.context.api or not is_api_path(req.uri_template or "") or _preflight(req):
             return
         req.context.api = True
         if self.keys is not None:
@@ -169,6 +173,10 @@ class Access:
                 }
             )
         )
+
+
+def _preflight(req: falcon.asgi.Request) -> bool:
+    return req.method == "OPTIONS" and req.get_header("Access-Control-Request-Method") is not None
 
 
 def usable_models(tenant: Tenant | None, table: RouteTable) -> list[Model]:

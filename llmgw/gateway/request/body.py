@@ -104,8 +104,17 @@ def parse_request(body: bytes) -> dict[str, Any]:
     if not isinstance(request, dict):
         raise ApiError(400, 'The request body must be a JSON object, e.g. {"model": ...}.')
     model = request.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None or model == "":
         raise ApiError(400, "The request has no `model`; name one from GET /v1/models.", param="model")
+    if not isinstance(model, str):
+        raise ApiError(
+            400, "`model` must be a string: a name from GET /v1/models, in quotes.", param="model"
+        )
+    stream = request.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        # `"stream": 1` streams on every engine, while the gateway, reading it as no stream,
+        # neither asked for usage nor timed it as one: its tokens went uncounted.
+        raise ApiError(400, "`stream` must be true or false.", param="stream")
     return request
 
 
@@ -128,6 +137,38 @@ def _article(word: str) -> str:
 # llama.cpp all three. Checking only the OpenAI ones let `n_predict` past max_output.
 # The Responses API names its own `max_output_tokens`; Messages uses `max_tokens`.
 _TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
+
+
+# The field each generating API reads as its answer's limit.
+_LIMIT_FIELD = {
+    "chat": "max_tokens",
+    "completion": "max_tokens",
+    "messages": "max_tokens",
+    "responses": "max_output_tokens",
+}
+
+
+def output_limit(
+    model: Model, kind: str, request: dict[str, Any], body: bytes
+) -> tuple[dict[str, Any], bytes, int | None]:
+    """The request with the model's `max_output` as its `max_tokens` when it sets no limit
+    of its own (a request without one, with `ignore_eos`, ran until the context was full);
+    and the most tokens its answer may have, None when nothing bounds it. Each API gets its
+    own field (the Responses API's `max_output_tokens`); requests that generate nothing
+    (embeddings, rerank, counting) get none."""
+    ours = _LIMIT_FIELD.get(kind)
+    if ours is None:
+        return request, body, None
+    for field in _TOKEN_LIMITS:
+        value = request.get(field)
+        if isinstance(value, int) and value > 0:
+            return request, body, value
+        if value is not None:  # n_predict -1: allowed only where the model sets no limit
+            return request, body, None
+    if model.max_output is None:
+        return request, body, None
+    limited = {**request, ours: model.max_output}
+    return limited, json.dumps(limited).encode(), model.max_output
 
 
 def check_max_tokens(model: Model, request: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ class RequestContext:
         self.ttfb: float | None = None  # seconds to the engine's first body byte
         self.streaming = False  # the relay writes the access log line at the answer's end
         self.prompt_estimate = 0  # tokens charged when an answer is cut before its usage came
+        self.reservation: int | None = None  # the tokens its key's tpm holds until it settles
 
 
 class Request(falcon.asgi.Request):

@@ -6,8 +6,12 @@ workers already share for metrics; each admission is one short write transaction
 serialises the workers' check-and-count, so the limit holds exactly, not roughly.
 
 The window slides: what a key used in the last 60 seconds counts. Requests are counted when
-admitted; tokens when the answer's `usage` arrives (or its estimate, for an answer cut
-short), so a request is admitted while its key is under `tpm` and may take it over.
+admitted, and so are the tokens they may use (the prompt's estimate and the answer's
+maximum), as OpenAI counts them: counted only at the end, twenty requests let in together
+all found the key under `tpm` and took it sixteen times over. When the answer ends, the
+reservation is settled with what it really used (its `usage`, or an estimate for an answer
+cut short), counted at that moment. A request is admitted while its key is under `tpm`, so
+one request may take it over by at most its own size.
 
 Several gateway instances behind a load balancer each have their own file, so each
 enforces the full limit: N instances let a key through at up to N times it.
@@ -19,7 +23,7 @@ import logging
 import math
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llmgw.gateway.errors import ApiError
@@ -43,6 +47,7 @@ class Window:
     tokens: int
     reset_requests: float  # seconds until the oldest counted request leaves the window
     reset_tokens: float
+    reservation: int | None = None  # the row holding this request's tokens until it settles
 
     def headers(self) -> dict[str, str]:
         out = {}
@@ -82,9 +87,10 @@ class Limiter:
         )
         self.db.execute("CREATE INDEX IF NOT EXISTS used_key_at ON used (key, at)")
 
-    def admit(self, tenant: Tenant) -> Window | None:
-        """The key's window with this request counted; ApiError 429 when it is over a limit.
-        None for a key without limits, which costs nothing here."""
+    def admit(self, tenant: Tenant, reserve: int = 0) -> Window | None:
+        """The key's window with this request counted, and `reserve` tokens held for it
+        until `settle`; ApiError 429 when it is over a limit. None for a key without limits,
+        which costs nothing here."""
         if tenant.rpm is None and tenant.tpm is None:
             return None
         now = time.time()
@@ -109,7 +115,10 @@ class Limiter:
             )
             over = self._over(tenant, window)
             if over is None:
-                db.execute("INSERT INTO used VALUES (?, ?, 1, 0)", (tenant.name, now))
+                held = max(0, reserve) if tenant.tpm is not None else 0
+                row = db.execute("INSERT INTO used VALUES (?, ?, 1, ?)", (tenant.name, now, held))
+                if held:
+                    window = replace(window, reservation=row.lastrowid)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -135,11 +144,23 @@ class Limiter:
         ).fetchone()
         return int(requests), int(tokens)
 
-    def charge(self, tenant: Tenant, tokens: int) -> None:
-        if tenant.tpm is None or tokens <= 0:
+    def charge(self, tenant: Tenant, tokens: int, reservation: int | None = None) -> None:
+        """Count the tokens an ended answer used, in place of what was reserved for it."""
+        if tenant.tpm is None or (tokens <= 0 and reservation is None):
             return
+        db = self.db
         try:
-            self.db.execute("INSERT INTO used VALUES (?, ?, 0, ?)", (tenant.name, time.time(), tokens))
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if reservation is not None:
+                    # Emptied, not deleted: the row still counts the request against rpm.
+                    db.execute("UPDATE used SET tokens = 0 WHERE rowid = ?", (reservation,))
+                if tokens > 0:
+                    db.execute("INSERT INTO used VALUES (?, ?, 0, ?)", (tenant.name, time.time(), tokens))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
         except sqlite3.Error:
             # Called as an answer ends: a busy file must not turn a delivered answer into an error.
             log.exception("could not count %d tokens for key '%s'", tokens, tenant.name)

@@ -47,6 +47,7 @@ from llmgw.gateway.request.access import Access, check_model
 from llmgw.gateway.request.body import (
     ask_for_usage,
     check_max_tokens,
+    output_limit,
     parse_request,
     read_body,
     wrong_endpoint,
@@ -55,7 +56,16 @@ from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
 from llmgw.gateway.request.limits import Limiter
-from llmgw.gateway.request.relay import Answer, Outgoing, Relay, count_tokens, no_chunks, read_error
+from llmgw.gateway.request.relay import (
+    Answer,
+    Outgoing,
+    Relay,
+    context_exceeded,
+    count_tokens,
+    no_chunks,
+    read_error,
+    unreserve,
+)
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
 from llmgw.gateway.request.routing import (
     COUNTING,
@@ -67,7 +77,7 @@ from llmgw.gateway.request.routing import (
 )
 from llmgw.gateway.request.upstream import Reply, Upstream
 from llmgw.gateway.request.usage import Meter, prompt_estimate
-from llmgw.gateway.server.config import Settings
+from llmgw.gateway.server.config import VIA_HEADER, Settings
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
@@ -91,6 +101,11 @@ _NOT_TAKEN = (
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
 _ASKS_FOR_USAGE = frozenset({"chat", "completion"})
+
+class _NotReady(str):
+    """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
+    so while they load the weights. Not ready yet, not broken: when every replica says it,
+    the client is told to come back (503, Retry-After), not that they failed (502)."""
 
 
 class Proxy:
@@ -129,9 +144,19 @@ class Proxy:
             "pool": settings.connect_timeout,
         }
         self.retry_after = str(max(1, math.ceil(settings.health_interval)))
+        self.instance = settings.instance
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         ctx = context_of(req)
+        if req.get_header(VIA_HEADER) == self.instance:
+            raise ApiError(
+                508,
+                "The gateway received a request it sent itself: an endpoint in the plan points "
+                "at the gateway, not at an engine. Point that replica at the engine's own "
+                "address and port.",
+                type="upstream_error",
+                code="loop_detected",
+            )
         body = await read_body(
             req,
             self.limit,
@@ -142,16 +167,24 @@ class Proxy:
             raise ApiError(400, "The request has no body; send a JSON object with at least `model`.")
         request = parse_request(body)
         requested = request["model"]
-        model = ctx.table.lookup(requested)
+        tenant = ctx.tenant
+        model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
         ctx.model = model.name
-        check_model(ctx.tenant, model, ctx.table)
+        check_model(tenant, model, ctx.table)
         if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
             raise wrong_endpoint(model, self.path)
         check_max_tokens(model, request)
-        tenant = ctx.tenant
-        window = self.limiter.admit(tenant) if tenant is not None and self.limiter else None
         ctx.prompt_estimate = prompt_estimate(body)
-        meter = Meter(free=self.kind in COUNTING)
+        request, body, most = output_limit(model, self.kind, request, body)
+        counting = self.kind in COUNTING
+        window = (
+            # A counting request counts toward rpm and reserves no tokens (see COUNTING).
+            self.limiter.admit(tenant, 0 if counting else ctx.prompt_estimate + (most or 0))
+            if tenant is not None and self.limiter
+            else None
+        )
+        ctx.reservation = window.reservation if window is not None else None
+        meter = Meter(free=counting)
         # Only chat and completions must be asked for a stream's usage: the Responses and
         # Messages APIs always send it.
         if request.get("stream") is True and self.kind in _ASKS_FOR_USAGE:
@@ -162,6 +195,7 @@ class Proxy:
             answer = await self._open(model, requested, request, body, ctx, watch, key)
         except BaseException:
             watch.stop()
+            unreserve(ctx, self.limiter)
             raise
         try:
             ctx.replica = answer.replica.endpoint
@@ -195,6 +229,8 @@ class Proxy:
                     # llmgw/engines.py) already says what was asked for by that name.
                     if not (isinstance(parsed, dict) and parsed.get("model") == requested):
                         whole = renamed(whole, json.dumps(requested).encode(), complete=True)
+                    if upstream.status_code == 400:
+                        whole = context_exceeded(parsed, self.kind) or whole
                     count_tokens(ctx, meter, upstream.status_code, self.limiter)
                     if watch.gone:  # left as the answer came: logged as the relay logs it
                         raise ApiError(CLIENT_GONE, "client went away")
@@ -214,6 +250,7 @@ class Proxy:
             # connection are ours to give back.
             watch.stop()
             await answer.drop()
+            unreserve(ctx, self.limiter)
             raise
 
     async def _open(
@@ -226,9 +263,13 @@ class Proxy:
         watch: Disconnect,
         key: Callable[[], int | None],
     ) -> Answer:
-        headers = [(b"content-type", b"application/json"), (b"x-request-id", ctx.request_id.encode())]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"x-request-id", ctx.request_id.encode()),
+            (VIA_HEADER.encode(), self.instance.encode()),
+        ]
         rewritten: dict[str, bytes] = {}
-        tried = 0
+        tried = not_ready = 0
         last = ""
         # The first 500 from a live engine, held until another replica has had the request:
         # only then is it known whose fault it was (see `_blame`).
@@ -263,6 +304,7 @@ class Proxy:
                 answer = await self._ask(model, replica, Outgoing(self.kind, headers, content), watch)
                 if isinstance(answer, str):  # not taken: why
                     last = answer
+                    not_ready += isinstance(answer, _NotReady)
                     continue
                 status = answer.upstream.status_code
                 if status >= 500:
@@ -299,6 +341,15 @@ class Proxy:
                 + f". Retry in {self.retry_after}s; /dashboard shows replica health.",
                 type="service_unavailable",
                 code="no_healthy_replica",
+                headers={"Retry-After": self.retry_after},
+            )
+        if not_ready == tried:
+            raise ApiError(
+                503,
+                f"{model.name} is not ready yet: its engine is still loading ({last}). "
+                f"Retry in {self.retry_after}s; /dashboard shows when it is in rotation.",
+                type="service_unavailable",
+                code="model_not_ready",
                 headers={"Retry-After": self.retry_after},
             )
         raise ApiError(
@@ -345,7 +396,8 @@ class Proxy:
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "status").inc()
             self.health.failed(replica, f"answered {status}")
             self.outliers.failed(model, replica, f"answered {status}")
-            return f"{replica.endpoint} answered {status}"
+            said = f"{replica.endpoint} answered {status}"
+            return _NotReady(said) if status == 503 else said
         return answer
 
     async def _refuse_too_large(self, answer: Answer, watch: Disconnect, length: int) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import falcon.asgi
 import httpx
@@ -135,6 +135,10 @@ class Relay:
         self.closed = False
         self.event_stream = isinstance(rename, EventRename)
         self.relayed = 0
+        # The stream's last event ([DONE]) has gone to the client: it has the whole answer,
+        # so leaving before the engine closes its end is no failure. Logged as 499, every
+        # client that closed on [DONE] looked like one that gave up.
+        self.delivered = False
         # The gap between chunks is timed by the wire itself where it can be: it sets a timer
         # only when it has to wait for a chunk, where an asyncio.timeout built a context and
         # scheduled a timer around every chunk of every stream. httpx's transport (https)
@@ -163,6 +167,8 @@ class Relay:
         # An answer with no declared length (chunked, or one that never ends) is counted as
         # it goes: relaying it without limit would keep a worker and a client busy forever.
         self.relayed += len(chunk)
+        if self.event_stream and chunk.rstrip().endswith(b"data: [DONE]"):
+            self.delivered = True
         if self.relayed <= self.proxy.max_response or self.closed:
             return chunk
         limit = self.proxy.max_response
@@ -176,7 +182,7 @@ class Relay:
         if self.watch.gone:
             # The client left while its last chunk was being sent (the server drops the
             # writes of a closed connection without a word): nothing more is wanted.
-            self.status = CLIENT_GONE
+            self.status = self.status if self.delivered else CLIENT_GONE
             await self.close()
             raise StopAsyncIteration
         self.watch.waiting = True
@@ -203,7 +209,7 @@ class Relay:
         except asyncio.CancelledError:
             if not self.watch.absorb():
                 raise
-            self.status = CLIENT_GONE
+            self.status = self.status if self.delivered else CLIENT_GONE
             await self.close()
             raise StopAsyncIteration from None
         except (httpx.HTTPError, TimeoutError) as exc:
@@ -262,9 +268,36 @@ class Relay:
             self.proxy.access.finish(self.req, self.status)
 
 
+def context_exceeded(answer: Any, kind: str) -> bytes | None:
+    """An engine's "prompt over the context" error (an engine's 400, parsed) in OpenAI's
+    shape, which clients branch on (`code: context_length_exceeded`) to trim and retry;
+    None for any other answer. llama-server says `exceed_context_size_error` with its own
+    fields; vLLM writes OpenAI's sentence in its own envelope."""
+    if not isinstance(answer, dict):
+        return None
+    nested = answer.get("error")
+    error: dict[str, Any] = nested if isinstance(nested, dict) else answer
+    message = error.get("message")
+    if not isinstance(message, str):
+        return None
+    if error.get("type") == "exceed_context_size_error":
+        limit, given = error.get("n_ctx"), error.get("n_prompt_tokens")
+        most = f"is {limit} tokens" if isinstance(limit, int) else "was exceeded"
+        over = f" However, your request has {given} tokens." if isinstance(given, int) else ""
+        message = (
+            f"This model's maximum context length {most}.{over} "
+            "Please reduce the length of the messages or the completion."
+        )
+    elif "maximum context length" not in message:
+        return None
+    param = "messages" if kind == "chat" else "input" if kind == "embedding" else "prompt"
+    return error_body(message, "invalid_request_error", param, "context_length_exceeded")
+
+
 def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limiter | None) -> None:
     """Count an ended answer's tokens in the metrics, and charge its key for them."""
-    if meter.free:
+    if meter.free:  # a counting request: toward rpm only, never tpm
+        unreserve(ctx, limiter)
         return
     try:
         meter.finish()
@@ -272,9 +305,12 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
             prompt, completion = meter.prompt, meter.completion or 0
         elif status < 400:
             # Cut short (the client left, or the engine broke off) before usage came: the
-            # prompt was read all the same, so the key is charged its estimate.
-            prompt, completion = ctx.prompt_estimate, 0
+            # prompt was read all the same, and each event relayed carried about a token,
+            # so the key is charged that estimate; hanging up just before the usage event
+            # once cost nothing but the prompt.
+            prompt, completion = ctx.prompt_estimate, meter.events
         else:
+            unreserve(ctx, limiter)
             return  # the engine refused the request: nothing was generated
         tenant = ctx.tenant
         key = tenant.name if tenant is not None else "-"
@@ -283,8 +319,18 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
         if completion:
             metrics.labelled(metrics.TOKENS, model, key, "completion").inc(completion)
         if tenant is not None and limiter is not None:
-            limiter.charge(tenant, prompt + completion)
+            reservation, ctx.reservation = ctx.reservation, None
+            limiter.charge(tenant, prompt + completion, reservation)
     except Exception:  # a miscount must not lose the access log line and metrics
         log.exception("counting the tokens of request %s failed", ctx.request_id)
+
+
+def unreserve(ctx: RequestContext, limiter: Limiter | None) -> None:
+    """Give back the tokens held for a request that generated nothing."""
+    reservation = ctx.reservation
+    if reservation is None or limiter is None or ctx.tenant is None:
+        return
+    ctx.reservation = None
+    limiter.charge(ctx.tenant, 0, reservation)
 
 

@@ -555,29 +555,35 @@ class RouteTable:
             out.update((r.endpoint, r) for r in group.everyone())
         return out
 
-    def lookup(self, name: str) -> Model:
-        """The model a client named, by name or alias; else the 404 it should see."""
+    def lookup(self, name: str, may_use: Callable[[tuple[str, ...]], bool] | None = None) -> Model:
+        """The model a client named, by name or alias; else the 404 it should see, whose
+        hint names only models `may_use` allows (a key's), as /v1/models lists only those."""
         model = self._by_name.get(name)
         if model is not None:
             return model
-        closest = self.closest(name)
+        usable = {n: m for n, m in self._by_name.items() if may_use is None or may_use(m.names())}
+        closest = self.closest(name, usable)
         if closest:
             hint = f"did you mean '{closest}'? GET /v1/models lists them all."
         elif not self.models:
             hint = "the plan it serves has no models."
+        elif not usable:
+            hint = "GET /v1/models lists the ones your key may use."
         else:
-            hint = f"it serves {self._some_names()} (GET /v1/models lists them)."
+            hint = f"it serves {self._some_names(usable)} (GET /v1/models lists them)."
         raise ApiError(404, f"There is no model '{name}' here; {hint}", param="model", code="model_not_found")
 
-    def _some_names(self, most: int = 5) -> str:
-        names = [f"'{n}'" for n in self.models]
+    @staticmethod
+    def _some_names(usable: dict[str, Model], most: int = 5) -> str:
+        names = [f"'{n}'" for n in dict.fromkeys(m.name for m in usable.values())]
         if len(names) <= most:
             return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
         return ", ".join(names[:most]) + f" and {len(names) - most} more"
 
-    def closest(self, name: str) -> str | None:
+    def closest(self, name: str, among: dict[str, Model] | None = None) -> str | None:
         """The served name most like `name`, to suggest in a 404."""
-        matches = difflib.get_close_matches(name, list(self._by_name), n=1, cutoff=0.4)
+        among = self._by_name if among is None else among
+        matches = difflib.get_close_matches(name, list(among), n=1, cutoff=0.4)
         if not matches:
             return None
-        return self._by_name[matches[0]].name
+        return among[matches[0]].name

@@ -44,6 +44,7 @@ class Meter:
         self.prompt: int | None = None
         self.completion: int | None = None
         self.whole = False  # a whole JSON answer, read at its end (else an event stream)
+        self.events = 0  # JSON events seen: a cut stream's tokens are estimated from them
         self._parts: list[bytes] | None = []
         self._kept = 0
 
@@ -53,6 +54,7 @@ class Meter:
 
     def event(self, body: bytes) -> bool:
         """Read one event's JSON; True when the event is to be taken out of the stream."""
+        self.events += 1
         # vLLM, asked for usage, writes `"usage": null` in every event but the last: only an
         # event that may carry numbers is worth parsing.
         if b'"usage"' not in body or b'"usage":null' in body or b'"usage": null' in body:

@@ -134,6 +134,25 @@ class Lifecycle:
         await self.upstream.aclose()
 
 
+_RATE_HEADERS = [
+    f"x-ratelimit-{what}-{of}" for what in ("limit", "remaining", "reset") for of in ("requests", "tokens")
+]
+
+
+def _cors(settings: Settings) -> list[falcon.CORSMiddleware[Any, Any]]:
+    """Falcon's CORS middleware for the origins LLMGW_CORS_ORIGINS lists; none when unset."""
+    origins = settings.cors_origins
+    if not origins:
+        return []
+    return [
+        falcon.CORSMiddleware(
+            allow_origins="*" if "*" in origins else list(origins),
+            # What an OpenAI client in a page reads besides the body.
+            expose_headers=[*_RATE_HEADERS, "Retry-After", "X-Request-Id"],
+        )
+    ]
+
+
 def create_app(
     settings: Settings | None = None,
 ) -> falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]:
@@ -154,7 +173,7 @@ def create_app(
     samples = Samples(shared)
 
     lifecycle = Lifecycle(state, health, upstream, settings, keys, samples)
-    app = _App(request_type=Request, middleware=[lifecycle, access])
+    app = _App(request_type=Request, middleware=[*_cors(settings), lifecycle, access])
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)
@@ -183,7 +202,7 @@ def create_app(
     key_pages = DashboardKeys(keys, limiter, settings.admin_token)
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
-    _add_dashboard(app, state, keys, samples)
+    _add_dashboard(app, state, keys, samples, settings.metrics_token)
     settle_heap()
     return app
 
@@ -193,6 +212,7 @@ def _add_dashboard(
     state: PlanState,
     keys: Keys | None,
     samples: Samples,
+    metrics_token: str | None,
 ) -> None:
     def snapshot() -> DashboardSnapshot:
         table = state.table
@@ -213,7 +233,7 @@ def _add_dashboard(
             },
         )
 
-    add_dashboard_routes(app, snapshot)
+    add_dashboard_routes(app, snapshot, metrics_token)
 
 
 def _healthy(table: RouteTable) -> dict[str, bool]:

@@ -8,9 +8,11 @@ should be cut long before a generous first-token allowance would notice.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,17 @@ class Settings:
     # how many may wait per model in one worker.
     load_timeout: float = 120.0
     max_held: int = 64
+    # Browser origins allowed to call the API (LLMGW_CORS_ORIGINS): none by default, since
+    # a page on any site could otherwise spend a key a browser extension or a user pasted.
+    cors_origins: tuple[str, ...] = ()
+    # Names this gateway (all its workers) on the requests it sends: one that comes back
+    # carrying it was sent by this gateway to itself (see `VIA_HEADER`).
+    instance: str = ""
+
+
+# A plan endpoint that points at the gateway itself turned one request into hundreds, each
+# worker asking itself again; a request that carries this gateway's own mark is refused.
+VIA_HEADER = "llmgw-via"
 
 
 # Variable -> Settings field, one table per type; the README's table of variables lists the same names.
@@ -93,7 +106,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
             "LLMGW_PLAN is not set: start the gateway with `llmgw serve --plan PATH`, "
             "or set LLMGW_PLAN to the plan file `llmgw plan` wrote."
         )
-    values: dict[str, object] = {"plan_path": Path(plan)}
+    values: dict[str, object] = {"plan_path": Path(plan), "instance": _instance(env)}
     for name, field in _FLOATS.items():
         if env.get(name):
             values[field] = _number(env, name, float)
@@ -110,9 +123,29 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["metrics_token"] = env["LLMGW_METRICS_TOKEN"]
     if env.get("LLMGW_DNS_SERVERS"):
         values["dns_servers"] = _servers(env["LLMGW_DNS_SERVERS"])
+    if env.get("LLMGW_CORS_ORIGINS"):
+        values["cors_origins"] = _origins(env["LLMGW_CORS_ORIGINS"])
     if env.get("LLMGW_ACCESS_LOG", "").lower() in ("0", "off", "false", "no"):
         values["access_log"] = False
     return Settings(**values)  # type: ignore[arg-type]
+
+
+def _instance(env: Mapping[str, str]) -> str:
+    # The workers of one gateway share only their metrics directory (`llmgw serve` makes a
+    # new one per run); a lone process has no one to agree with.
+    shared = env.get("PROMETHEUS_MULTIPROC_DIR") or f"pid {os.getpid()} {os.urandom(8).hex()}"
+    return hashlib.sha256(f"llmgw gateway {shared}".encode()).hexdigest()[:16]
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise UsageError(
+                f"LLMGW_CORS_ORIGINS={text!r}: {origin!r} is not an origin; list origins as a "
+                "browser sends them, e.g. https://app.example.com,http://localhost:3000, or * for any."
+            )
+    return origins
 
 
 def _servers(text: str) -> tuple[tuple[str, int], ...]:

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import sys
 from collections.abc import Callable
 from typing import Any
 
+from gunicorn.arbiter import Arbiter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
 from llmgw.gateway.request.gone import GONE, STALLED, ClientGone
@@ -338,3 +342,21 @@ class Worker(UvicornWorker):  # type: ignore[misc]
             "http": limited_protocol(settings),
         }
         super().__init__(*args, **kwargs)
+
+    async def _serve(self) -> None:
+        # uvicorn_worker's own, but for SIGQUIT: gunicorn's master sends it for a quick stop
+        # (when it gets SIGINT or SIGQUIT), and uvicorn_worker took it only as "no longer
+        # alive" while its server ran on; the master waited out its graceful timeout (120 s)
+        # and killed the workers, logging "Perhaps out of memory?". A quick stop stops now;
+        # SIGTERM still lets answers in flight finish.
+        self.config.app = self.wsgi
+        server = Server(config=self.config)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, _stop_now, server)
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+
+def _stop_now(server: Server) -> None:
+    server.should_exit = True
+    server.force_exit = True

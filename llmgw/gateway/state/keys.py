@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from llmgw.atomic import file_signature, replace_file
 from llmgw.errors import UsageError
 from llmgw.nesting import too_deep_at, too_deep_sentence
 from llmgw.schema import dates_as_text, first_error_path
+from llmgw.yaml_errors import yaml_error
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -145,6 +146,11 @@ def _yaml(text: str, path: Path) -> Any:
         raise UsageError(f"{path}:{line}:{column} (LLMGW_KEYS_FILE): {too_deep_sentence()}")
     try:
         return YAML(typ="safe").load(text)
+    except MarkedYAMLError as exc:
+        # lint's sentence, not the parser's states: the person reading /readyz fixes the
+        # file from it.
+        line, column, sentence = yaml_error(exc, text)
+        raise UsageError(f"{path}:{line}:{column} (LLMGW_KEYS_FILE): {sentence}") from None
     except YAMLError as exc:
         raise UsageError(
             f"{path} (LLMGW_KEYS_FILE) is not valid YAML: {exc}. `llmgw lint` shows where."
@@ -260,7 +266,7 @@ class Keys:
             text = self.path.read_bytes()
             if file_signature(self.path) != self._signature:
                 return  # replaced since it was read: whoever reads the new one keeps that
-            replace_file(self.last_good, text)
+            replace_file(self.last_good, text, owned=True)
         except OSError as exc:
             log.warning(
                 "cannot keep a copy of the keys at %s (%s): a worker started while the keys file "

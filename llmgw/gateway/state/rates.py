@@ -91,7 +91,7 @@ class Samples:
         if old:
             readings = readings[old[-1] :]
         try:
-            replace_file(self.path, json.dumps({"readings": readings}).encode(), tag="readings")
+            replace_file(self.path, json.dumps({"readings": readings}).encode(), tag="readings", owned=True)
         except OSError as exc:
             log.warning("cannot keep usage readings at %s: %s", self.path, exc)
 

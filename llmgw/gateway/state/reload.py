@@ -255,7 +255,7 @@ class PlanState:
             # it (the signature above), so they are the plan it serves.
             text = self.path.read_bytes()
             if _read_or_none(self.last_good) != text:
-                replace_file(self.last_good, text)
+                replace_file(self.last_good, text, owned=True)
         except OSError as exc:
             log.warning("cannot keep a copy of the plan at %s: %s", self.last_good, exc)
 
@@ -269,7 +269,7 @@ class PlanState:
         """Write this worker's refusal where every worker's watcher reads it."""
         record = {"reason": self.refusal, "digest": self.table.digest, "plan_file": self._signature}
         try:
-            replace_file(self.refused, json.dumps(record).encode(), tag="refusal")
+            replace_file(self.refused, json.dumps(record).encode(), tag="refusal", owned=True)
         except OSError as exc:
             log.warning("cannot record the refusal at %s for the other workers: %s", self.refused, exc)
             return
