@@ -14,7 +14,14 @@ import pytest
 
 from llmgw.plan import Memory, NodeUse, OnDemandUse, PlanModel, PlanNode, PlanProfile, PlanReplica, PortRange
 from tests.dashboard.plans import make_model
-from tests.dashboard.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, LIVE_TIMEOUT_MS, Gateway, Page
+from tests.dashboard.test_dashboard_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    LIVE_TIMEOUT_MS,
+    Gateway,
+    Page,
+    write_plan,
+)
 from tests.dashboard.upstream import FakeUpstream
 from tests.gateway.stand_in_agent import StandInAgent
 from tests.plans import plan_of
@@ -62,8 +69,6 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gateway]
     upstream = FakeUpstream()
     monkeypatch.setenv("LLMGW_AGENT_TOKEN", TOKEN)
     path = tmp_path / "plan.json"
-    from tests.dashboard.test_dashboard_browser import write_plan
-
     lazy_a, lazy_b = f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"
     write_plan(path, node_plan(agent, upstream.endpoint, lazy_a, lazy_b))
     gw = Gateway(path, [upstream], tmp_path / "gateway.log")
