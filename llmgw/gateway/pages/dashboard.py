@@ -83,6 +83,8 @@ class DashboardSnapshot:
     # The last minute per model, summed over every worker (gateway.rates); None before the
     # first reading.
     usage: Figures | None = None
+    # On-demand replicas loaded now, by endpoint (request/demand.py).
+    loaded: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -110,15 +112,103 @@ class ModelView:
 
 
 @dataclass(frozen=True)
+class OnDemandView:
+    model: str
+    endpoint: str
+    memory_gb: float
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node's memory as the plan divides it: what its always-on replicas take, and the
+    on-demand replicas that may be loaded beside them."""
+
+    name: str
+    memory_gb: float
+    always_on_gb: float
+    always_on: tuple[str, ...]  # model names
+    on_demand: tuple[OnDemandView, ...]
+
+    @property
+    def on_demand_models(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.model for r in self.on_demand))
+
+
+@dataclass(frozen=True)
 class PlanView:
     """The part of the page that depends only on the plan."""
 
     digest: str
     models: tuple[ModelView, ...]
+    nodes: tuple[NodeView, ...] = ()
 
 
 def plan_view(plan: Plan) -> PlanView:
-    return PlanView(digest=plan.digest, models=tuple(_model_view(m) for m in plan.models))
+    return PlanView(
+        digest=plan.digest,
+        models=tuple(_model_view(m) for m in plan.models),
+        nodes=_node_views(plan),
+    )
+
+
+def _node_views(plan: Plan) -> tuple[NodeView, ...]:
+    always: dict[str, list[str]] = {n.name: [] for n in plan.nodes}
+    lazy: dict[str, list[OnDemandView]] = {n.name: [] for n in plan.nodes}
+    for m in plan.models:
+        for p in m.profiles:
+            for r in p.replicas:
+                if r.node not in always:
+                    continue
+                if p.on_demand:
+                    gb = float(p.memory.gb) if p.memory is not None else 0.0
+                    lazy[r.node].append(OnDemandView(m.name, r.endpoint, gb))
+                elif m.name not in always[r.node]:
+                    always[r.node].append(m.name)
+    return tuple(
+        NodeView(
+            name=n.name,
+            memory_gb=float(n.memory_gb),
+            always_on_gb=float(n.used.memory_gb),
+            always_on=tuple(always[n.name]),
+            on_demand=tuple(lazy[n.name]),
+        )
+        for n in plan.nodes
+    )
+
+
+def gb_label(gb: float) -> str:
+    return f"{gb:.1f}".removesuffix(".0")
+
+
+def node_document(node: NodeView, loaded: frozenset[str]) -> dict[str, Any]:
+    """One node's memory bar and its models, as shown: the plan's figures for always-on, the
+    on-demand replicas loaded now, and what is left."""
+    loaded_gb = sum(r.memory_gb for r in node.on_demand if r.endpoint in loaded)
+    total = node.memory_gb or 1.0
+    free_gb = max(0.0, node.memory_gb - node.always_on_gb - loaded_gb)
+
+    def share(gb: float) -> float:
+        return round(min(100.0, max(0.0, 100.0 * gb / total)), 2)
+
+    return {
+        "memory_gb": node.memory_gb,
+        "always_on_gb": node.always_on_gb,
+        "loaded_gb": round(loaded_gb, 3),
+        "free_gb": round(free_gb, 3),
+        "bar": {
+            "always": share(node.always_on_gb),
+            "loaded": share(loaded_gb),
+            "free": share(free_gb),
+        },
+        "label": (
+            f"always on {gb_label(node.always_on_gb)} GB, loaded on demand {gb_label(loaded_gb)} GB, "
+            f"free {gb_label(free_gb)} GB of {gb_label(node.memory_gb)} GB"
+        ),
+        "loaded": {
+            model: any(r.endpoint in loaded for r in node.on_demand if r.model == model)
+            for model in node.on_demand_models
+        },
+    }
 
 
 def _model_view(model: PlanModel) -> ModelView:
@@ -250,6 +340,7 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
         "keys_refusal": snapshot.keys_refusal,
         "discovery_errors": list(snapshot.discovery_errors),
         "models": models,
+        "nodes": {n.name: node_document(n, snapshot.loaded) for n in view.nodes},
         "usage": usage_document(snapshot.usage, view),
         # Which worker answered: each keeps its own health view, and tests check that
         # every worker says the same about the plan.

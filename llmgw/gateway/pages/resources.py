@@ -17,25 +17,32 @@ from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pages.dashboard import render_key_page, render_keys_page, set_page_headers
 from llmgw.gateway.request.access import bearer_token, check_model, usable_models
 from llmgw.gateway.request.body import read_body
+from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.routing import DnsGroup
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Keys, Tenant
 from llmgw.gateway.state.reload import PlanState, PlanWriteError
-from llmgw.plan import dump_plan
+from llmgw.plan import Plan, dump_plan
 
 
 class Models:
     """GET /v1/models and GET /v1/models/{id} (a name or an alias)."""
 
+    def __init__(self, demand: Demand | None = None) -> None:
+        self.demand = demand
+
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.content_type = falcon.MEDIA_JSON
         table, tenant = req.context.table, req.context.tenant
-        if tenant is None or tenant.models is None:
+        on_demand = self.demand is not None and any(m.listing.get("start") for m in table.models.values())
+        if (tenant is None or tenant.models is None) and not on_demand:
             resp.data = table.listing_body
             return
         # A key limited to some models sees only those, as if the rest were not served.
         listing = [m.listing for m in usable_models(tenant, table)]
+        if on_demand and self.demand is not None:
+            listing = with_loaded(listing, table.plan, self.demand.loaded_now(table.plan))
         resp.data = json.dumps({"object": "list", "data": listing}).encode()
 
     async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str) -> None:
@@ -45,6 +52,18 @@ class Models:
         check_model(tenant, model, table)
         resp.content_type = falcon.MEDIA_JSON
         resp.data = table.model_bodies[model_id]
+
+
+def with_loaded(listing: list[Any], plan: Plan, loaded: frozenset[str]) -> list[Any]:
+    """Each on-demand model's listing saying whether it is loaded now (`"loaded": true`) or
+    starts on its first request (`false`): a client then knows which answer will be slow."""
+    endpoints = {
+        m.name: {r.endpoint for p in m.profiles if p.on_demand for r in p.replicas} for m in plan.models
+    }
+    return [
+        {**m, "loaded": bool(endpoints.get(m["id"], set()) & loaded)} if m.get("start") else m
+        for m in listing
+    ]
 
 
 class Healthz:

@@ -25,6 +25,7 @@ import httpx
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.routing import Replica
 from llmgw.gateway.state import metrics
+from llmgw.plan import Plan
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -42,12 +43,43 @@ class Demand:
         self.held: dict[str, int] = {}
         self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(ASK_EVERY_S + 5, connect=2.0))
         self.releases: set[asyncio.Task[None]] = set()
+        # What this worker knows of which on-demand engines are loaded: leases it holds per
+        # endpoint, and when it last took or gave one back. The agent stops an engine only
+        # after its idle time without requests (or to make room), so an engine leased within
+        # that time is taken as loaded: what /v1/models and the dashboard say.
+        self.leased: dict[str, int] = {}
+        self.last_used: dict[str, float] = {}
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     async def lease(self, model: str, replica: Replica) -> str:
         """The lease id once the replica's engine is ready; ApiError when it cannot be had."""
+        lease = await self._lease(model, replica)
+        self.leased[replica.endpoint] = self.leased.get(replica.endpoint, 0) + 1
+        self.last_used[replica.endpoint] = time.monotonic()
+        return lease
+
+    def loaded(self, endpoint: str, idle_stop_s: float | None) -> bool:
+        """Whether the on-demand engine at `endpoint` is loaded, as far as this worker knows:
+        answering a request now, or used within its idle time."""
+        if self.leased.get(endpoint, 0) > 0:
+            return True
+        used = self.last_used.get(endpoint)
+        return used is not None and time.monotonic() - used < (idle_stop_s or 0)
+
+    def loaded_now(self, plan: Plan) -> frozenset[str]:
+        """The plan's on-demand replicas loaded now, by endpoint."""
+        return frozenset(
+            r.endpoint
+            for m in plan.models
+            for p in m.profiles
+            if p.on_demand
+            for r in p.replicas
+            if self.loaded(r.endpoint, p.idle_stop_s)
+        )
+
+    async def _lease(self, model: str, replica: Replica) -> str:
         assert replica.agent is not None
         started = time.monotonic()
         # First without waiting: a running engine answers at once, and a request to it is
@@ -137,6 +169,8 @@ class Demand:
 
     def release(self, replica: Replica, lease: str) -> None:
         """Give the lease back without making the answer wait for it."""
+        self.leased[replica.endpoint] = max(0, self.leased.get(replica.endpoint, 0) - 1)
+        self.last_used[replica.endpoint] = time.monotonic()
         task = asyncio.get_running_loop().create_task(self._release(replica, lease))
         self.releases.add(task)
         task.add_done_callback(self.releases.discard)

@@ -178,15 +178,15 @@ def create_app(
     app.add_error_handler(ApiError, handle_api_error)
     app.set_error_serializer(serialize_http_error)
 
-    models = Models()
-    app.add_route("/v1/models", models)
-    # `path`, because names may hold a slash (org/model, as vLLM serves them).
-    app.add_route("/v1/models/{model_id:path}", models, suffix="item")
     # One of each per worker, shared by every endpoint: a replica failing chat requests is
     # the same replica failing completions.
     outliers = Outliers(settings.eject_after, settings.eject_time, settings.eject_max_time)
     budget = RetryBudget(settings.retry_budget, settings.retry_floor)
     demand = Demand(settings.load_timeout, settings.max_held)
+    models = Models(demand)
+    app.add_route("/v1/models", models)
+    # `path`, because names may hold a slash (org/model, as vLLM serves them).
+    app.add_route("/v1/models/{model_id:path}", models, suffix="item")
     for kind, path in GATEWAY_PATHS.items():
         app.add_route(
             path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, demand)
@@ -202,7 +202,7 @@ def create_app(
     key_pages = DashboardKeys(keys, limiter, settings.admin_token)
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
-    _add_dashboard(app, state, keys, samples, settings.metrics_token)
+    _add_dashboard(app, state, keys, samples, demand, settings.metrics_token)
     settle_heap()
     return app
 
@@ -212,6 +212,7 @@ def _add_dashboard(
     state: PlanState,
     keys: Keys | None,
     samples: Samples,
+    demand: Demand,
     metrics_token: str | None,
 ) -> None:
     def snapshot() -> DashboardSnapshot:
@@ -222,6 +223,7 @@ def _add_dashboard(
             refusal=state.refusal,
             keys_refusal=keys.refusal if keys is not None else None,
             usage=samples.figures(),
+            loaded=demand.loaded_now(table.plan),
             healthy=_healthy(table),
             discovery_errors=tuple(g.error for g in table.groups.values() if g.error),
             replicas=replica_states(table.every_replica().values()),

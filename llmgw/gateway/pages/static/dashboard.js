@@ -1,5 +1,5 @@
 // Keeps the dashboard's health counts live: polls the status JSON and rewrites
-// only the numbers, the reload and keys banners, the usage figures and the plan's age. Model names from the
+// only the numbers, the reload and keys banners, the usage figures, the nodes' memory and the plan's age. Model names from the
 // status are matched against data-model attributes and written with
 // textContent, never as markup or CSS selectors, because they come from the
 // catalogue.
@@ -54,6 +54,37 @@
     }
   }
 
+  // Node names and model names come from the plan: matched against data attributes,
+  // never used as selectors.
+  function applyNodes(nodes) {
+    var els = document.querySelectorAll("div[data-node]");
+    for (var i = 0; i < els.length; i++) {
+      var n = nodes[els[i].getAttribute("data-node")];
+      if (!n) continue;
+      var x = 0;
+      ["always", "loaded", "free"].forEach(function (part) {
+        var rect = els[i].querySelector("rect." + part);
+        if (!rect) return;
+        rect.setAttribute("x", String(x));
+        rect.setAttribute("width", String(n.bar[part]));
+        x += n.bar[part];
+      });
+      var label = els[i].querySelector(".memory-label");
+      if (label) label.textContent = n.label;
+      var svg = els[i].querySelector("svg.bar");
+      if (svg) svg.setAttribute("aria-label", n.label);
+      var items = els[i].querySelectorAll("li[data-on-demand]");
+      for (var j = 0; j < items.length; j++) {
+        var loaded = n.loaded[items[j].getAttribute("data-on-demand")] === true;
+        var start = items[j].querySelector(".start");
+        if (!start) continue;
+        start.textContent = loaded ? "loaded" : "starts on first use";
+        start.classList.toggle("loaded", loaded);
+        start.classList.toggle("idle", !loaded);
+      }
+    }
+  }
+
   function apply(status) {
     var groups = document.querySelectorAll("tbody[data-model]");
     for (var i = 0; i < groups.length; i++) {
@@ -76,6 +107,7 @@
       keysBanner.hidden = !status.keys_refusal;
     }
     if (status.usage) applyUsage(status.usage);
+    if (status.nodes) applyNodes(status.nodes);
     var changed = document.getElementById("plan-changed");
     if (changed) changed.hidden = status.digest === digest;
   }
