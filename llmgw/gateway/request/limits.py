@@ -135,6 +135,11 @@ class Limiter:
         ).fetchone()
         return int(requests), int(tokens)
 
+    def count(self, tenant: Tenant, prompt: int, completion: int) -> None:
+        """An answer's tokens as it ends: charged to its key (limits_redis.py also adds them
+        to the key's totals over every instance)."""
+        self.charge(tenant, prompt + completion)
+
     def charge(self, tenant: Tenant, tokens: int) -> None:
         if tenant.tpm is None or tokens <= 0:
             return

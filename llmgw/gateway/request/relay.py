@@ -279,7 +279,7 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
         if completion:
             metrics.labelled(metrics.TOKENS, model, key, "completion").inc(completion)
         if tenant is not None and limiter is not None:
-            limiter.charge(tenant, prompt + completion)
+            limiter.count(tenant, prompt, completion)
     except Exception:  # a miscount must not lose the access log line and metrics
         log.exception("counting the tokens of request %s failed", ctx.request_id)
 

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from llmgw.errors import UsageError
 
@@ -55,6 +56,9 @@ class Settings:
     # how many may wait per model in one worker.
     load_timeout: float = 120.0
     max_held: int = 64
+    # Redis (or Valkey) where every instance counts rate limits and usage (limits_redis.py);
+    # None: each instance counts in its own SQLite file.
+    redis_url: str | None = None
 
 
 # Variable -> Settings field, one table per type; the README's table of variables lists the same names.
@@ -110,6 +114,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["metrics_token"] = env["LLMGW_METRICS_TOKEN"]
     if env.get("LLMGW_DNS_SERVERS"):
         values["dns_servers"] = _servers(env["LLMGW_DNS_SERVERS"])
+    if env.get("LLMGW_REDIS_URL"):
+        values["redis_url"] = _redis_url(env["LLMGW_REDIS_URL"])
     if env.get("LLMGW_ACCESS_LOG", "").lower() in ("0", "off", "false", "no"):
         values["access_log"] = False
     return Settings(**values)  # type: ignore[arg-type]
@@ -132,6 +138,25 @@ def _servers(text: str) -> tuple[tuple[str, int], ...]:
             )
         servers.append((host, int(port)))
     return tuple(servers)
+
+
+def _redis_url(url: str) -> str:
+    """The URL, or UsageError saying what is wrong with it; never quoting it, since it may
+    hold a password."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise UsageError(
+            f"LLMGW_REDIS_URL starts with {parts.scheme + '://' if parts.scheme else 'no scheme'}; "
+            "set it to redis://[USER:PASSWORD@]HOST[:PORT][/DB] (rediss:// for TLS, Redis or Valkey)."
+        )
+    try:
+        parts.port  # noqa: B018  # urlsplit checks the port only when it is read
+    except ValueError:
+        raise UsageError(
+            f"LLMGW_REDIS_URL (host '{parts.hostname}') has a port that is not a number from 0 to 65535; "
+            "set it to redis://[USER:PASSWORD@]HOST[:PORT][/DB]."
+        ) from None
+    return url
 
 
 def _is_address(host: str) -> bool:

@@ -1,0 +1,307 @@
+"""Requests and tokens per minute, per key, held across every instance of the gateway: on
+Redis (or Valkey), when LLMGW_REDIS_URL names one.
+
+One SQLite file per instance (limits.py) lets a key through at N times its limit behind a
+load balancer over N instances. Here every worker of every instance counts in one place,
+and each check-and-count is one Lua script run on the server, so two instances admitting at
+once cannot both take the last unit. The scripts read the clock with `redis.call('TIME')`:
+the instances' own clocks may disagree by more than a request's worth.
+
+A limits store must not take the fleet down. Each call waits at most CONNECT_TIMEOUT to
+connect and READ_TIMEOUT for an answer; past either, or on any error, this worker counts in
+its instance's SQLite file (the parent class) and says so (`status()`, /readyz, the
+dashboard, the gauge llmgw_limits_shared), and tries Redis again RETRY_EVERY seconds later,
+not at every request.
+
+Usage totals per key (what /admin/keys and the dashboard show) are one hash per key,
+HINCRBY'd as each answer ends, so they are summed over every instance.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from llmgw.errors import UsageError
+from llmgw.gateway.request.limits import WINDOW, Limiter, Window, _too_many
+from llmgw.gateway.state import metrics
+from llmgw.gateway.state.keys import Tenant
+
+log = logging.getLogger("llmgw.gateway")
+
+# Loopback answers in a tenth of a millisecond and a datacentre network in about one; a
+# Redis that has not answered in 50 ms is down or drowning, and every request would pay it.
+CONNECT_TIMEOUT = 0.1
+READ_TIMEOUT = 0.05
+RETRY_EVERY = 3.0
+PREFIX = "llmgw:"
+
+# KEYS: requests zset, tokens zset, tokens total. ARGV: rpm, tpm (-1: none), window, member.
+# Each token charge is a member "TOKENS:TIME:ID" scored by its time; the running total is
+# kept beside it so an admission sums nothing, and what leaves the window is subtracted.
+_ADMIT = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local rpm, tpm, window = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local since = '(' .. string.format('%.6f', now - window)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', since)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', since)
+if #gone > 0 then
+  local sub = 0
+  for _, m in ipairs(gone) do sub = sub + tonumber(string.match(m, '^(%d+):')) end
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', since)
+  if redis.call('DECRBY', KEYS[3], sub) <= 0 then redis.call('DEL', KEYS[3]) end
+end
+local requests = redis.call('ZCARD', KEYS[1])
+local tokens = tonumber(redis.call('GET', KEYS[3]) or '0')
+local first_request = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2] or ''
+local first_tokens = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2] or ''
+local over = ''
+if rpm >= 0 and requests >= rpm then over = 'requests'
+elseif tpm >= 0 and tokens >= tpm then over = 'tokens' end
+if over == '' then
+  redis.call('ZADD', KEYS[1], now, string.format('%.6f', now) .. ':' .. ARGV[4])
+  redis.call('EXPIRE', KEYS[1], math.ceil(window) + 1)
+end
+return {requests, tokens, tostring(first_request), tostring(first_tokens), string.format('%.6f', now), over}
+"""
+
+# KEYS: tokens zset, tokens total, usage hash. ARGV: tokens to charge (0: the key has no
+# tpm), window, member, requests, prompt, completion (to add to the key's totals).
+_COUNT = """
+if redis.replicate_commands then redis.replicate_commands() end
+local charge, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+if charge > 0 then
+  local t = redis.call('TIME')
+  local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+  redis.call('ZADD', KEYS[1], now, ARGV[1] .. ':' .. now .. ':' .. ARGV[3])
+  redis.call('INCRBY', KEYS[2], charge)
+  redis.call('EXPIRE', KEYS[1], math.ceil(window) + 1)
+  redis.call('EXPIRE', KEYS[2], math.ceil(window) + 1)
+end
+local fields = {'requests', 'prompt_tokens', 'completion_tokens'}
+for i = 1, 3 do
+  if tonumber(ARGV[3 + i]) > 0 then redis.call('HINCRBY', KEYS[3], fields[i], ARGV[3 + i]) end
+end
+return 1
+"""
+
+# KEYS: requests zset, tokens total. ARGV: window.
+_USED = """
+local t = redis.call('TIME')
+local since = '(' .. string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000 - tonumber(ARGV[1]))
+return {redis.call('ZCOUNT', KEYS[1], since, '+inf'), tonumber(redis.call('GET', KEYS[2]) or '0')}
+"""
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class LimitsStatus:
+    """Where this worker counts right now: /readyz's `limits` block."""
+
+    store: str  # "redis" or "sqlite"
+    shared: bool
+    reason: str | None = None  # why it counts locally, while it does
+
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"store": self.store, "state": "shared" if self.shared else "degraded"}
+        if self.reason:
+            doc["reason"] = self.reason
+        return doc
+
+
+def where(url: str) -> str:
+    """The URL as logs and /readyz may show it: scheme, host, port and database, never the
+    user or password."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:{parts.port or 6379}{parts.path if parts.path not in ('', '/') else ''}"
+
+
+def client(
+    url: str, connect_timeout: float = CONNECT_TIMEOUT, read_timeout: float = READ_TIMEOUT
+) -> redis.Redis:
+    # No retries in the client: redis-py 6+ retries three times with backoff by default,
+    # which would turn a bounded 50 ms wait into seconds. Coming back is RETRY_EVERY's job.
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=connect_timeout,
+        socket_timeout=read_timeout,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_error=[],
+        decode_responses=True,
+    )
+
+
+def check_redis(url: str, timeout: float = 2.0) -> str | None:
+    """At `llmgw serve`'s start: UsageError for what only the operator can fix (an unknown
+    host, a wrong password or user, a URL that is no Redis); a warning to print for a Redis
+    that is only down or slow now, which the workers ride out; None when it answers."""
+    parts = urlsplit(url)
+    if parts.scheme != "unix":
+        try:
+            socket.getaddrinfo(parts.hostname or "localhost", parts.port or 6379, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise UsageError(
+                f"LLMGW_REDIS_URL names host '{parts.hostname}', which does not resolve ({exc.strerror}); "
+                "correct the host name, or unset LLMGW_REDIS_URL to count limits per instance."
+            ) from None
+    conn = client(url, timeout, timeout)
+    try:
+        conn.ping()
+    except redis.AuthenticationError as exc:
+        raise UsageError(
+            f"Redis at {where(url)} refused the password or user in LLMGW_REDIS_URL ({exc}); "
+            "correct it (redis://USER:PASSWORD@HOST:PORT), or unset LLMGW_REDIS_URL."
+        ) from None
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        return (
+            f"Redis at {where(url)} does not answer now ({exc}); each instance counts rate limits "
+            "on its own until it does."
+        )
+    except redis.ResponseError as exc:
+        # AUTH sent to a Redis without a password, or an ACL user without PING.
+        raise UsageError(
+            f"Redis at {where(url)} refused the gateway ({exc}); correct LLMGW_REDIS_URL's user "
+            "and password, or unset it."
+        ) from None
+    finally:
+        conn.close()
+    return None
+
+
+class SharedLimiter(Limiter):
+    """The Limiter's interface, counted on Redis; the parent's SQLite file while Redis is away."""
+
+    def __init__(self, url: str, directory: Path, retry_every: float = RETRY_EVERY) -> None:
+        super().__init__(directory)
+        self.url = url
+        self.redis = client(url)
+        self.retry_every = retry_every
+        self._admit = self.redis.register_script(_ADMIT)
+        self._count = self.redis.register_script(_COUNT)
+        self._used = self.redis.register_script(_USED)
+        self.down: str | None = None  # why this worker counts locally, while it does
+        self.retry_at = 0.0
+        metrics.LIMITS_SHARED.labels("redis").set(1)
+
+    def status(self) -> LimitsStatus:
+        if self.down is not None and time.monotonic() >= self.retry_at:
+            # Nothing else may ask Redis for a while (no keyed traffic): /readyz tries.
+            self._shared(self.redis.ping)
+        return LimitsStatus("redis", self.down is None, self.down)
+
+    def admit(self, tenant: Tenant) -> Window | None:
+        if tenant.rpm is None and tenant.tpm is None:
+            return None
+        keys = _keys(tenant.name)
+        answer = self._shared(
+            lambda: self._admit(
+                keys=[keys[0], keys[1], keys[2]],
+                args=[_limit(tenant.rpm), _limit(tenant.tpm), WINDOW, os.urandom(6).hex()],
+            )
+        )
+        if answer is None:
+            return super().admit(tenant)
+        requests, tokens, first_request, first_tokens, clock, over = answer
+        now = float(clock)
+        window = Window(
+            tenant.rpm,
+            tenant.tpm,
+            int(requests),
+            int(tokens),
+            (float(first_request) + WINDOW - now) if first_request else WINDOW,
+            (float(first_tokens) + WINDOW - now) if first_tokens else 0.0,
+        )
+        if over:
+            metrics.RATE_LIMITED.labels(tenant.name, over).inc()
+            raise _too_many(tenant, window, over)
+        return window
+
+    def used(self, tenant: Tenant) -> tuple[int, int]:
+        keys = _keys(tenant.name)
+        answer = self._shared(lambda: self._used(keys=[keys[0], keys[2]], args=[WINDOW]))
+        if answer is None:
+            return super().used(tenant)
+        return int(answer[0]), int(answer[1])
+
+    def charge(self, tenant: Tenant, tokens: int) -> None:
+        self._charge(tenant, tokens, (0, 0, 0))
+
+    def count(self, tenant: Tenant, prompt: int, completion: int) -> None:
+        self._charge(tenant, prompt + completion, (1, prompt, completion))
+
+    def _charge(self, tenant: Tenant, tokens: int, totals: tuple[int, int, int]) -> None:
+        charge = tokens if tenant.tpm is not None and tokens > 0 else 0
+        if not charge and not any(totals):
+            return
+        keys = _keys(tenant.name)
+        answer = self._shared(
+            lambda: self._count(keys=list(keys), args=[charge, WINDOW, os.urandom(6).hex(), *totals])
+        )
+        if answer is None:
+            super().charge(tenant, tokens)
+
+    def totals(self, name: str) -> dict[str, int] | None:
+        """A key's usage summed over every instance; None while Redis is away (the caller
+        shows this instance's own metrics then)."""
+        answer = self._shared(lambda: self.redis.hgetall(_keys(name)[3]))
+        if answer is None:
+            return None
+        return {str(field): int(value) for field, value in sorted(answer.items())}
+
+    def _shared(self, call: Callable[[], _T]) -> _T | None:
+        """The call's answer from Redis; None when this worker counts locally instead."""
+        now = time.monotonic()
+        if self.down is not None and now < self.retry_at:
+            return None
+        try:
+            answer = call()
+        except redis.RedisError as exc:
+            self._lost(f"{type(exc).__name__}: {exc}", now)
+            return None
+        if self.down is not None:
+            log.warning("Redis at %s answers again: rate limits are shared again", where(self.url))
+            self.down = None
+            metrics.LIMITS_SHARED.labels("redis").set(1)
+        return answer
+
+    def _lost(self, error: str, now: float) -> None:
+        if self.down is None:
+            log.warning(
+                "Redis at %s failed (%s): this worker counts rate limits locally, and tries again every %gs",
+                where(self.url),
+                error,
+                self.retry_every,
+            )
+        self.down = (
+            f"Redis at {where(self.url)} failed ({error}); counting on this instance until it answers."
+        )
+        self.retry_at = now + self.retry_every
+        metrics.LIMITS_SHARED.labels("redis").set(0)
+
+
+def _limit(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+def _keys(name: str) -> tuple[str, str, str, str]:
+    # One hash tag per key name, so a Redis Cluster keeps a key's four entries on one node
+    # (a script may only touch keys of one slot).
+    base = PREFIX + "{" + name + "}:"
+    return base + "requests", base + "tokens", base + "tokens-total", base + "usage"
