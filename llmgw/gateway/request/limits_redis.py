@@ -252,7 +252,7 @@ class SharedLimiter(Limiter):
             return
         keys = _keys(tenant.name)
         answer = self._shared(
-            lambda: self._count(keys=list(keys), args=[charge, WINDOW, os.urandom(6).hex(), *totals])
+            lambda: self._count(keys=list(keys[1:]), args=[charge, WINDOW, os.urandom(6).hex(), *totals])
         )
         if answer is None:
             super().charge(tenant, tokens)
