@@ -7,11 +7,11 @@ and each check-and-count is one Lua script run on the server, so two instances a
 once cannot both take the last unit. The scripts read the clock with `redis.call('TIME')`:
 the instances' own clocks may disagree by more than a request's worth.
 
-A limits store must not take the fleet down. Each call waits at most CONNECT_TIMEOUT to
-connect and READ_TIMEOUT for an answer; past either, or on any error, this worker counts in
-its instance's SQLite file (the parent class) and says so (`status()`, /readyz, the
-dashboard, the gauge llmgw_limits_shared), and tries Redis again RETRY_EVERY seconds later,
-not at every request.
+A limits store must not take the fleet down. Each call waits at most TIMEOUT (or
+LLMGW_REDIS_TIMEOUT) to connect and as long for an answer; past either, or on any error,
+this worker counts in its instance's SQLite file (the parent class) and says so
+(`status()`, /readyz, the dashboard, the gauge llmgw_limits_shared), and tries Redis again
+RETRY_EVERY seconds later, not at every request.
 
 Usage totals per key (what /admin/keys and the dashboard show) are one hash per key,
 HINCRBY'd as each answer ends, so they are summed over every instance.
@@ -41,9 +41,10 @@ from llmgw.gateway.state.keys import Tenant
 log = logging.getLogger("llmgw.gateway")
 
 # Loopback answers in a tenth of a millisecond and a datacentre network in about one; a
-# Redis that has not answered in 50 ms is down or drowning, and every request would pay it.
-CONNECT_TIMEOUT = 0.1
-READ_TIMEOUT = 0.05
+# Redis that has not answered in 100 ms is down or drowning, and every request would pay it.
+# (50 ms was tried: on a busy 2-core machine a healthy Redis missed it now and then, and each
+# miss let a key through at N times its limit for the next RETRY_EVERY seconds.)
+TIMEOUT = 0.1
 RETRY_EVERY = 3.0
 PREFIX = "llmgw:"
 
@@ -133,15 +134,13 @@ def where(url: str) -> str:
     return f"{parts.scheme}://{host}:{parts.port or 6379}{parts.path if parts.path not in ('', '/') else ''}"
 
 
-def client(
-    url: str, connect_timeout: float = CONNECT_TIMEOUT, read_timeout: float = READ_TIMEOUT
-) -> redis.Redis:
+def client(url: str, timeout: float = TIMEOUT) -> redis.Redis:
     # No retries in the client: redis-py 6+ retries three times with backoff by default,
-    # which would turn a bounded 50 ms wait into seconds. Coming back is RETRY_EVERY's job.
+    # which would turn a bounded 100 ms wait into seconds. Coming back is RETRY_EVERY's job.
     return redis.Redis.from_url(
         url,
-        socket_connect_timeout=connect_timeout,
-        socket_timeout=read_timeout,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
         retry_on_error=[],
         decode_responses=True,
@@ -161,7 +160,7 @@ def check_redis(url: str, timeout: float = 2.0) -> str | None:
                 f"LLMGW_REDIS_URL names host '{parts.hostname}', which does not resolve ({exc.strerror}); "
                 "correct the host name, or unset LLMGW_REDIS_URL to count limits per instance."
             ) from None
-    conn = client(url, timeout, timeout)
+    conn = client(url, timeout)
     try:
         conn.ping()
     except redis.AuthenticationError as exc:
@@ -188,21 +187,33 @@ def check_redis(url: str, timeout: float = 2.0) -> str | None:
 class SharedLimiter(Limiter):
     """The Limiter's interface, counted on Redis; the parent's SQLite file while Redis is away."""
 
-    def __init__(self, url: str, directory: Path, retry_every: float = RETRY_EVERY) -> None:
+    def __init__(
+        self, url: str, directory: Path, timeout: float = TIMEOUT, retry_every: float = RETRY_EVERY
+    ) -> None:
         super().__init__(directory)
         self.url = url
-        self.redis = client(url)
+        self.redis = client(url, timeout)
         self.retry_every = retry_every
         self._admit = self.redis.register_script(_ADMIT)
         self._count = self.redis.register_script(_COUNT)
         self._used = self.redis.register_script(_USED)
         self.down: str | None = None  # why this worker counts locally, while it does
         self.retry_at = 0.0
+        self.heard_at = 0.0  # when Redis last answered this worker
         metrics.LIMITS_SHARED.labels("redis").set(1)
+        # Connected and the scripts loaded before the first request, not during it.
+        self._shared(self._load)
+
+    def _load(self) -> None:
+        for script in (self._admit, self._count, self._used):
+            self.redis.script_load(script.script)
 
     def status(self) -> LimitsStatus:
-        if self.down is not None and time.monotonic() >= self.retry_at:
-            # Nothing else may ask Redis for a while (no keyed traffic): /readyz tries.
+        now = time.monotonic()
+        due = now >= self.retry_at if self.down is not None else now - self.heard_at >= self.retry_every
+        if due:
+            # A worker with no keyed traffic would otherwise say "shared" of a Redis long
+            # gone, or "degraded" of one long back: /readyz asks, at most every retry_every.
             self._shared(self.redis.ping)
         return LimitsStatus("redis", self.down is None, self.down)
 
@@ -275,6 +286,7 @@ class SharedLimiter(Limiter):
         except redis.RedisError as exc:
             self._lost(f"{type(exc).__name__}: {exc}", now)
             return None
+        self.heard_at = now
         if self.down is not None:
             log.warning("Redis at %s answers again: rate limits are shared again", where(self.url))
             self.down = None

@@ -230,7 +230,7 @@ def _limiter(settings: Settings, shared: Path) -> Limiter | None:
     if settings.keys_file is None:
         return None
     if settings.redis_url:
-        return SharedLimiter(settings.redis_url, shared)
+        return SharedLimiter(settings.redis_url, shared, settings.redis_timeout)
     return Limiter(shared)
 
 

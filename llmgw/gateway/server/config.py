@@ -59,6 +59,7 @@ class Settings:
     # Redis (or Valkey) where every instance counts rate limits and usage (limits_redis.py);
     # None: each instance counts in its own SQLite file.
     redis_url: str | None = None
+    redis_timeout: float = 0.1  # to connect, and for each answer; then limits are counted locally
 
 
 # Variable -> Settings field, one table per type; the README's table of variables lists the same names.
@@ -75,6 +76,7 @@ _FLOATS = {
     "LLMGW_EJECT_MAX_TIME": "eject_max_time",
     "LLMGW_RETRY_BUDGET": "retry_budget",
     "LLMGW_LOAD_TIMEOUT": "load_timeout",
+    "LLMGW_REDIS_TIMEOUT": "redis_timeout",
 }
 _INTS = {
     "LLMGW_HEALTH_FAILURES": "health_failures",
