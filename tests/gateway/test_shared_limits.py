@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis as redis_client
 from harness import (
     ROOT,
     Engine,
@@ -247,6 +248,20 @@ def test_no_password_for_a_redis_that_needs_one_is_one_sentence_at_start(
         server.password = None
         said = one_sentence(serve(tmp_path, engine_a, server.url))
     assert "LLMGW_REDIS_URL" in said, said
+
+
+def test_an_acl_user_that_may_not_run_scripts_is_one_sentence_at_start(
+    tmp_path: Path, engine_a: Engine
+) -> None:
+    with redis_server(tmp_path, password="admin-pw") as server:
+        admin = redis_client.Redis.from_url(server.url)
+        admin.acl_setuser(
+            "pinger", enabled=True, passwords=["+pinger-pw"], commands=["+ping"], keys=["llmgw:*"]
+        )
+        admin.close()
+        said = one_sentence(serve(tmp_path, engine_a, f"redis://pinger:pinger-pw@127.0.0.1:{server.port}/0"))
+    assert "refused the gateway" in said and "EVALSHA" in said, said
+    assert "pinger-pw" not in said
 
 
 def test_an_unknown_host_is_one_sentence_at_start(tmp_path: Path, engine_a: Engine) -> None:

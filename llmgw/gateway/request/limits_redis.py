@@ -128,6 +128,8 @@ def where(url: str) -> str:
     """The URL as logs and /readyz may show it: scheme, host, port and database, never the
     user or password."""
     parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
     host = parts.hostname or "localhost"
     if ":" in host:
         host = f"[{host}]"
@@ -163,6 +165,9 @@ def check_redis(url: str, timeout: float = 2.0) -> str | None:
     conn = client(url, timeout)
     try:
         conn.ping()
+        # An ACL user may PING and yet not run scripts: found here, not as every worker
+        # counting on its own.
+        conn.script_load(_ADMIT)
     except redis.AuthenticationError as exc:
         raise UsageError(
             f"Redis at {where(url)} refused the password or user in LLMGW_REDIS_URL ({exc}); "
@@ -174,10 +179,10 @@ def check_redis(url: str, timeout: float = 2.0) -> str | None:
             "on its own until it does."
         )
     except redis.ResponseError as exc:
-        # AUTH sent to a Redis without a password, or an ACL user without PING.
+        # AUTH sent to a Redis without a password, or an ACL user without PING or scripts.
         raise UsageError(
             f"Redis at {where(url)} refused the gateway ({exc}); correct LLMGW_REDIS_URL's user "
-            "and password, or unset it."
+            "and password, or let that user run PING, EVALSHA and SCRIPT LOAD on keys llmgw:*."
         ) from None
     finally:
         conn.close()
