@@ -32,6 +32,11 @@ from harness import (
 )
 from redis_server import RedisServer, redis_server
 
+from llmgw.gateway.errors import ApiError
+from llmgw.gateway.request.limits import Window
+from llmgw.gateway.request.limits_redis import SharedLimiter
+from llmgw.gateway.state.keys import Tenant
+
 BURST, TOKENS, STEADY, AFTER = "sk-burst", "sk-tokens", "sk-steady", "sk-after"
 ADMIN = "admin-secret"
 TIMEOUT = 0.5
@@ -211,6 +216,49 @@ def test_a_redis_that_stops_answering_costs_a_request_at_most_its_read_timeout(
         redis.proc.send_signal(signal.SIGCONT)
     for gw in pair:
         gw.every_worker(lambda r: r.get("limits", {}).get("state") == "shared", 30, "limits shared again")
+
+
+def test_tokens_reserved_at_admission_hold_tpm_exactly_over_two_instances_and_settle_at_the_end(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    # Two limiters on one Redis, as two instances' workers; each request reserves 30 tokens
+    # (the prompt's estimate and the answer's maximum, as the proxy reserves them).
+    instances = [SharedLimiter(redis.url, tmp_path, timeout=TIMEOUT) for _ in range(2)]
+    for limiter in instances:
+        assert limiter.status().shared
+    tenant = Tenant("reserving", None, None, 100, None)
+    admitted: list[Window] = []
+    refused: list[ApiError] = []
+    lock = threading.Lock()
+
+    def client(limiter: SharedLimiter) -> None:
+        for _ in range(5):
+            try:
+                window = limiter.admit(tenant, reserve=30)
+            except ApiError as exc:
+                with lock:
+                    refused.append(exc)
+                continue
+            assert window is not None
+            with lock:
+                admitted.append(window)
+
+    threads = [threading.Thread(target=client, args=(instances[i % 2],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Admitted while under 100: at 0, 30, 60 and 90 reserved; never a fifth.
+    assert len(admitted) == 4 and len(refused) == 36, (len(admitted), len(refused))
+    assert {e.headers["x-ratelimit-limit-tokens"] for e in refused} == {"100"}
+    assert instances[0].used(tenant) == (4, 120)
+    # Each answer used 7 tokens: its 30 leave the window as its 7 enter, wherever it ends.
+    for i, window in enumerate(admitted):
+        assert window.reservation is not None and window.reservation < 0
+        instances[i % 2].count(tenant, 3, 4, window.reservation)
+    assert instances[1].used(tenant) == (4, 28)
+    assert instances[0].admit(tenant, reserve=30) is not None, "28 of 100 used: admitted again"
+    assert instances[1].totals("reserving") == {"completion_tokens": 16, "prompt_tokens": 12, "requests": 4}
 
 
 def serve(tmp_path: Path, engine: Engine, url: str) -> subprocess.CompletedProcess[str]:

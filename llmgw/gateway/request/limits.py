@@ -43,6 +43,7 @@ class Window:
     tokens: int
     reset_requests: float  # seconds until the oldest counted request leaves the window
     reset_tokens: float
+    reservation: int | None = None  # the row holding this request's tokens until it settles
 
     def headers(self) -> dict[str, str]:
         out = {}

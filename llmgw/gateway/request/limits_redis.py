@@ -48,9 +48,11 @@ TIMEOUT = 0.1
 RETRY_EVERY = 3.0
 PREFIX = "llmgw:"
 
-# KEYS: requests zset, tokens zset, tokens total. ARGV: rpm, tpm (-1: none), window, member.
+# KEYS: requests zset, tokens zset, tokens total, reservations hash, reservation sequence.
+# ARGV: rpm, tpm (-1: none), window, member, tokens to reserve (0: none).
 # Each token charge is a member "TOKENS:TIME:ID" scored by its time; the running total is
-# kept beside it so an admission sums nothing, and what leaves the window is subtracted.
+# kept beside it so an admission sums nothing, and what leaves the window is subtracted. A
+# reservation is such a member too, found again by its number in the reservations hash.
 _ADMIT = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -72,18 +74,44 @@ local first_tokens = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2] or ''
 local over = ''
 if rpm >= 0 and requests >= rpm then over = 'requests'
 elseif tpm >= 0 and tokens >= tpm then over = 'tokens' end
+local reservation = 0
 if over == '' then
-  redis.call('ZADD', KEYS[1], now, string.format('%.6f', now) .. ':' .. ARGV[4])
-  redis.call('EXPIRE', KEYS[1], math.ceil(window) + 1)
+  local stamp = string.format('%.6f', now)
+  local ttl = math.ceil(window) + 1
+  redis.call('ZADD', KEYS[1], now, stamp .. ':' .. ARGV[4])
+  redis.call('EXPIRE', KEYS[1], ttl)
+  local reserve = tonumber(ARGV[5])
+  if reserve > 0 then
+    reservation = redis.call('INCR', KEYS[5])
+    local member = ARGV[5] .. ':' .. stamp .. ':r' .. reservation
+    redis.call('ZADD', KEYS[2], now, member)
+    redis.call('INCRBY', KEYS[3], reserve)
+    redis.call('HSET', KEYS[4], reservation, member)
+    for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
+  end
 end
-return {requests, tokens, tostring(first_request), tostring(first_tokens), string.format('%.6f', now), over}
+return {requests, tokens, tostring(first_request), tostring(first_tokens), string.format('%.6f', now), over,
+        reservation}
 """
 
-# KEYS: tokens zset, tokens total, usage hash. ARGV: tokens to charge (0: the key has no
-# tpm), window, member, requests, prompt, completion (to add to the key's totals).
+# KEYS: tokens zset, tokens total, usage hash, reservations hash. ARGV: tokens to charge
+# (0: the key has no tpm), window, member, requests, prompt, completion (to add to the key's
+# totals), the reservation this settles (0: none). The reservation leaves the window as the
+# tokens really used enter it, in one step: no admission sees both, or neither.
 _COUNT = """
 if redis.replicate_commands then redis.replicate_commands() end
 local charge, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+if ARGV[7] ~= '0' then
+  local member = redis.call('HGET', KEYS[4], ARGV[7])
+  if member then
+    redis.call('HDEL', KEYS[4], ARGV[7])
+    -- Gone already if it left the window, and with it from the total.
+    if redis.call('ZREM', KEYS[1], member) == 1 then
+      local held = tonumber(string.match(member, '^(%d+):'))
+      if redis.call('DECRBY', KEYS[2], held) <= 0 then redis.call('DEL', KEYS[2]) end
+    end
+  end
+end
 if charge > 0 then
   local t = redis.call('TIME')
   local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
@@ -222,19 +250,22 @@ class SharedLimiter(Limiter):
             self._shared(self.redis.ping)
         return LimitsStatus("redis", self.down is None, self.down)
 
-    def admit(self, tenant: Tenant) -> Window | None:
+    def admit(self, tenant: Tenant, reserve: int = 0) -> Window | None:
+        """As the parent's, with `reserve` tokens held for the request until `charge` settles
+        them; its reservation number is negative, so a settlement tells it from a row of the
+        local file (counted there while Redis was away)."""
         if tenant.rpm is None and tenant.tpm is None:
             return None
-        keys = _keys(tenant.name)
+        held = max(0, reserve) if tenant.tpm is not None else 0
         answer = self._shared(
             lambda: self._admit(
-                keys=[keys[0], keys[1], keys[2]],
-                args=[_limit(tenant.rpm), _limit(tenant.tpm), WINDOW, os.urandom(6).hex()],
+                keys=list(_keys(tenant.name)[:5]),
+                args=[_limit(tenant.rpm), _limit(tenant.tpm), WINDOW, os.urandom(6).hex(), held],
             )
         )
         if answer is None:
             return super().admit(tenant)
-        requests, tokens, first_request, first_tokens, clock, over = answer
+        requests, tokens, first_request, first_tokens, clock, over, reservation = answer
         now = float(clock)
         window = Window(
             tenant.rpm,
@@ -243,6 +274,7 @@ class SharedLimiter(Limiter):
             int(tokens),
             (float(first_request) + WINDOW - now) if first_request else WINDOW,
             (float(first_tokens) + WINDOW - now) if first_tokens else 0.0,
+            -int(reservation) if int(reservation) else None,
         )
         if over:
             metrics.RATE_LIMITED.labels(tenant.name, over).inc()
@@ -256,27 +288,32 @@ class SharedLimiter(Limiter):
             return super().used(tenant)
         return int(answer[0]), int(answer[1])
 
-    def charge(self, tenant: Tenant, tokens: int) -> None:
-        self._charge(tenant, tokens, (0, 0, 0))
+    def charge(self, tenant: Tenant, tokens: int, reservation: int | None = None) -> None:
+        self._charge(tenant, tokens, (0, 0, 0), reservation)
 
-    def count(self, tenant: Tenant, prompt: int, completion: int) -> None:
-        self._charge(tenant, prompt + completion, (1, prompt, completion))
+    def count(self, tenant: Tenant, prompt: int, completion: int, reservation: int | None = None) -> None:
+        self._charge(tenant, prompt + completion, (1, prompt, completion), reservation)
 
-    def _charge(self, tenant: Tenant, tokens: int, totals: tuple[int, int, int]) -> None:
+    def _charge(
+        self, tenant: Tenant, tokens: int, totals: tuple[int, int, int], reservation: int | None
+    ) -> None:
         charge = tokens if tenant.tpm is not None and tokens > 0 else 0
-        if not charge and not any(totals):
+        settles = reservation if reservation is not None and reservation < 0 else None
+        if not charge and not any(totals) and settles is None:
             return
         keys = _keys(tenant.name)
-        answer = self._shared(
-            lambda: self._count(keys=list(keys[1:]), args=[charge, WINDOW, os.urandom(6).hex(), *totals])
-        )
+        settled = -settles if settles else 0
+        args: list[str | int | float] = [charge, WINDOW, os.urandom(6).hex(), *totals, settled]
+        answer = self._shared(lambda: self._count(keys=[keys[1], keys[2], keys[5], keys[3]], args=args))
         if answer is None:
+            # Redis's reservation stays there until it leaves the window: counted twice, on
+            # the safe side, for at most a minute.
             super().charge(tenant, tokens)
 
     def totals(self, name: str) -> dict[str, int] | None:
         """A key's usage summed over every instance; None while Redis is away (the caller
         shows this instance's own metrics then)."""
-        answer = self._shared(lambda: self.redis.hgetall(_keys(name)[3]))
+        answer = self._shared(lambda: self.redis.hgetall(_keys(name)[5]))
         if answer is None:
             return None
         return {str(field): int(value) for field, value in sorted(answer.items())}
@@ -317,8 +354,16 @@ def _limit(value: int | None) -> int:
     return -1 if value is None else value
 
 
-def _keys(name: str) -> tuple[str, str, str, str]:
-    # One hash tag per key name, so a Redis Cluster keeps a key's four entries on one node
+def _keys(name: str) -> tuple[str, str, str, str, str, str]:
+    """requests, tokens, tokens-total, reservations, reservation sequence, usage."""
+    # One hash tag per key name, so a Redis Cluster would keep a key's entries on one node
     # (a script may only touch keys of one slot).
     base = PREFIX + "{" + name + "}:"
-    return base + "requests", base + "tokens", base + "tokens-total", base + "usage"
+    return (
+        base + "requests",
+        base + "tokens",
+        base + "tokens-total",
+        base + "held",
+        base + "held-seq",
+        base + "usage",
+    )
