@@ -698,6 +698,13 @@ def render_group() -> None:
     metavar="emptyDir|pvc:CLAIM|hostPath:/PATH",
     help="Where the init container downloads each model's weights.",
 )
+@click.option(
+    "--redis-secret",
+    default=None,
+    metavar="NAME[:KEY]",
+    help="The Secret (and its key [url]) holding the Redis URL every gateway replica counts rate "
+    "limits on, set as LLMGW_REDIS_URL; without it each replica counts on its own.",
+)
 def render_kubernetes_command(
     plan_path: Path,
     out_dir: str,
@@ -706,6 +713,7 @@ def render_kubernetes_command(
     gateway_image: str | None,
     gateway_replicas: int,
     weights_volume: str,
+    redis_secret: str | None,
 ) -> None:
     """Render a plan written with `llmgw plan --target kubernetes` as Kubernetes manifests:
     per (model, profile) a Deployment, a headless Service and a PodDisruptionBudget, and the
@@ -714,6 +722,7 @@ def render_kubernetes_command(
         DEFAULT_EXECUTABLES,
         DEFAULT_IMAGES,
         Options,
+        RedisSecret,
         WeightsVolume,
         parse_pairs,
         render,
@@ -726,6 +735,7 @@ def render_kubernetes_command(
         executables=parse_pairs(executables, "--executable", DEFAULT_EXECUTABLES),
         gateway_replicas=gateway_replicas,
         weights=WeightsVolume.parse(weights_volume),
+        redis=RedisSecret.parse(redis_secret) if redis_secret is not None else None,
         **({"gateway_image": gateway_image} if gateway_image else {}),
     )
     files = render(read_plan(plan_path), options)

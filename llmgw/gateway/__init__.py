@@ -7,7 +7,8 @@ server/     the process: `llmgw serve` (gunicorn), the worker's connection limit
 request/    one request's path: its typed context, access (request ids, keys, access log),
             reading and checking the body (body), a client's leaving (gone), routing (names,
             aliases, tiers, replicas), on-demand starts (demand), the retry loop (proxy), the
-            relay of answers (relay), the upstream connection pool, limits, usage
+            relay of answers (relay), the upstream connection pool, limits (per instance in
+            SQLite, or shared on Redis: limits_redis), usage
 state/      what changes under the requests: the served plan and its reloads, DNS discovery,
             health checks, keys, outlier ejection, rates, metrics
 pages/      what people read: listing, readiness and admin resources, the dashboard, OpenAPI

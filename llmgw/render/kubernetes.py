@@ -90,12 +90,45 @@ class WeightsVolume:
 
 
 @dataclass(frozen=True)
+class RedisSecret:
+    """`--redis-secret NAME[:KEY]`: the Secret (and its key, `url` unless named) holding
+    LLMGW_REDIS_URL. A reference, so the password is in the cluster's Secret and never in
+    these files, which are meant for a git repository."""
+
+    name: str
+    key: str = "url"
+
+    @classmethod
+    def parse(cls, text: str) -> RedisSecret:
+        name, sep, key = text.partition(":")
+        if not _DNS_NAME.fullmatch(name) or (sep and not _SECRET_KEY.fullmatch(key)):
+            # Not quoted: what was given may be the URL itself, password and all.
+            raise UsageError(
+                "--redis-secret is not NAME[:KEY] naming a Secret and its key "
+                "(for example --redis-secret llmgw-redis:url); put the URL itself in the Secret, "
+                "never on the command line."
+            )
+        return cls(name, key) if sep else cls(name)
+
+    def env(self) -> dict[str, Any]:
+        # Not optional: a missing Secret holds the pod back with an event saying so, where
+        # an optional one would start every replica counting limits on its own, silently.
+        reference = {"secretKeyRef": {"name": self.name, "key": self.key}}
+        return {"name": "LLMGW_REDIS_URL", "valueFrom": reference}
+
+
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+@dataclass(frozen=True)
 class Options:
     images: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
     executables: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_EXECUTABLES))
     gateway_image: str = f"llmgw:{__version__}"
     gateway_replicas: int = 2
     weights: WeightsVolume = WeightsVolume()
+    redis: RedisSecret | None = None  # where every replica counts rate limits together
 
 
 def parse_pairs(pairs: tuple[str, ...], flag: str, known: Mapping[str, str]) -> dict[str, str]:
@@ -384,6 +417,7 @@ def _gateway(plan: Plan, target: Target, options: Options) -> list[dict[str, Any
         "command": ["llmgw", "serve", "--plan", f"{PLAN_DIR}/plan.json", "--bind", f"0.0.0.0:{GATEWAY_PORT}"],
         # LLMGW_ADMIN_TOKEN, LLMGW_API_KEYS_FILE and the rest, when the operator creates the Secret.
         "envFrom": [{"secretRef": {"name": name, "optional": True}}],
+        **({"env": [options.redis.env()]} if options.redis else {}),
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},

@@ -141,6 +141,17 @@ def test_refusal_banner_gives_the_reason_when_the_last_reload_was_refused() -> N
     assert reason in banner.text
 
 
+def test_counting_limits_per_instance_while_redis_is_away_is_a_banner_with_the_reason() -> None:
+    base = snapshot()
+    assert "hidden" in page(base).by_id("limits-degraded").attrs
+    reason = "Redis at redis://10.0.0.5:6379 failed (TimeoutError: Timeout reading from socket)"
+    degraded = DashboardSnapshot(**{**base.__dict__, "limits_degraded": reason})
+    banner = page(degraded).by_id("limits-degraded")
+    assert "hidden" not in banner.attrs and banner.attrs.get("role") == "alert"
+    assert reason in banner.text and "per instance" in banner.text
+    assert status_document(degraded, plan_view(degraded.plan), LOADED_AT)["limits_degraded"] == reason
+
+
 def test_health_counts_per_model_and_per_profile_and_a_replica_missing_from_the_map_is_not_counted() -> None:
     # ENDPOINTS[3] is missing from the health map (the gateway lists every replica; a map
     # without one must not count it as up).

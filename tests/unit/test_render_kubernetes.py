@@ -12,7 +12,7 @@ from ruamel.yaml import YAML
 
 from llmgw.engines import engine_command
 from llmgw.plan import assemble_plan, dump_plan, read_plan
-from llmgw.render.kubernetes import Options, WeightsVolume, render
+from llmgw.render.kubernetes import Options, RedisSecret, WeightsVolume, render
 from tests.conftest import run_llmgw
 
 # The two newest minor versions kubernetes-validate has schemas for.
@@ -263,3 +263,23 @@ def test_two_profiles_with_one_workload_name_are_refused_not_one_lost(k8s_plan):
     profile = plan.models[0].profiles[0].model_copy(update={"workload": twin})
     with pytest.raises(Exception, match="would not be deployed"):
         render(_with(plan, profiles=(profile, *plan.models[0].profiles[1:])), Options())
+
+
+@pytest.mark.parametrize("version", MINORS)
+def test_the_redis_url_comes_from_a_secret_and_never_into_a_manifest(k8s_plan, tmp_path, version):
+    out = tmp_path / "out"
+    run = run_llmgw("render", "kubernetes", k8s_plan, "--out", out, "--redis-secret", "llmgw-redis:redis-url")
+    assert run.code == 0, run
+    gateway = _objects(out, "Deployment")["llmgw-gateway"]
+    kubernetes_validate.validate(gateway, version, strict=True)
+    env = gateway["spec"]["template"]["spec"]["containers"][0]["env"]
+    reference = {"secretKeyRef": {"name": "llmgw-redis", "key": "redis-url"}}
+    assert env == [{"name": "LLMGW_REDIS_URL", "valueFrom": reference}]
+    assert "redis://" not in "".join(p.read_text() for p in out.iterdir())
+
+
+def test_the_redis_secrets_key_defaults_to_url_and_a_url_is_refused_in_its_place(k8s_plan):
+    assert render(read_plan(k8s_plan), Options()).keys()  # without it, no env at all
+    assert RedisSecret.parse("llmgw-redis") == RedisSecret("llmgw-redis", "url")
+    run = run_llmgw("render", "kubernetes", k8s_plan, "--out", "-", "--redis-secret", "redis://:pw@redis:6379")
+    assert run.code == 2 and "NAME[:KEY]" in run.stderr and "pw" not in run.stderr, run

@@ -80,6 +80,9 @@ class DashboardSnapshot:
     replicas: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     # Why the last keys file was refused, when it was (the old keys still work).
     keys_refusal: str | None = None
+    # Why rate limits are counted on this instance alone, while LLMGW_REDIS_URL's Redis
+    # does not answer (gateway.request.limits_redis).
+    limits_degraded: str | None = None
     # The last minute per model, summed over every worker (gateway.rates); None before the
     # first reading.
     usage: Figures | None = None
@@ -338,6 +341,7 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
         "age": relative_age(now - snapshot.loaded_at),
         "refusal": snapshot.refusal,
         "keys_refusal": snapshot.keys_refusal,
+        "limits_degraded": snapshot.limits_degraded,
         "discovery_errors": list(snapshot.discovery_errors),
         "models": models,
         "nodes": {n.name: node_document(n, snapshot.loaded) for n in view.nodes},
@@ -408,6 +412,7 @@ def render_page(
         status=status,
         refusal=snapshot.refusal,
         keys_refusal=snapshot.keys_refusal,
+        limits_degraded=snapshot.limits_degraded,
         discovery_errors=status["discovery_errors"],
         loaded_at_utc=status["loaded_at_utc"],
         age=status["age"],

@@ -19,6 +19,7 @@ from llmgw.gateway.request.access import bearer_token, check_model, usable_model
 from llmgw.gateway.request.body import read_body
 from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.request.routing import DnsGroup
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Keys, Tenant
@@ -100,10 +101,17 @@ class Readyz:
     taken when every worker has said so, not when the first one does.
     """
 
-    def __init__(self, state: PlanState, token: str | None = None, keys: Keys | None = None) -> None:
+    def __init__(
+        self,
+        state: PlanState,
+        token: str | None = None,
+        keys: Keys | None = None,
+        limiter: Limiter | None = None,
+    ) -> None:
         self.state = state
         self.token = token
         self.keys = keys
+        self.limiter = limiter
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         check_metrics_token(self.token, req.get_header("Authorization"))
@@ -129,6 +137,11 @@ class Readyz:
                 if keys.refusal
                 else {"result": "loaded", "count": len(keys.tenants)}
             )
+        if isinstance(self.limiter, SharedLimiter):
+            # Still ready while degraded: a limits store must not take the fleet down.
+            doc["limits"] = self.limiter.status().document()
+        elif self.limiter is not None:
+            doc["limits"] = {"store": "sqlite", "state": "local"}
         if state.table.groups:
             doc["discovery"] = [_group_status(g) for g in state.table.groups.values()]
         resp.content_type = falcon.MEDIA_JSON
@@ -275,12 +288,21 @@ def key_document(
         "tpm": tenant.tpm,
         "expires": tenant.expires.isoformat() if tenant.expires else None,
         "expired": tenant.expired(),
-        "total": {k: int(v) for k, v in sorted(usage.get(tenant.name, {}).items())},
+        "total": _totals(tenant, usage, limiter),
     }
     if limiter is not None and (tenant.rpm is not None or tenant.tpm is not None):
         requests, tokens = limiter.used(tenant)
         doc["last_minute"] = {"requests": requests, "tokens": tokens}
     return doc
+
+
+def _totals(tenant: Tenant, usage: dict[str, dict[str, float]], limiter: Limiter | None) -> dict[str, int]:
+    """Summed over every instance on Redis; else, and while Redis is away, this instance's
+    own metrics (summed over its workers)."""
+    shared = limiter.totals(tenant.name) if isinstance(limiter, SharedLimiter) else None
+    if shared is not None:
+        return shared
+    return {k: int(v) for k, v in sorted(usage.get(tenant.name, {}).items())}
 
 
 class DashboardKeys:

@@ -144,6 +144,11 @@ class Limiter:
         ).fetchone()
         return int(requests), int(tokens)
 
+    def count(self, tenant: Tenant, prompt: int, completion: int, reservation: int | None = None) -> None:
+        """An answer's tokens as it ends: charged to its key in place of what was reserved for
+        it (limits_redis.py also adds them to the key's totals over every instance)."""
+        self.charge(tenant, prompt + completion, reservation)
+
     def charge(self, tenant: Tenant, tokens: int, reservation: int | None = None) -> None:
         """Count the tokens an ended answer used, in place of what was reserved for it."""
         if tenant.tpm is None or (tokens <= 0 and reservation is None):

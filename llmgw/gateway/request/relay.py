@@ -320,7 +320,7 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
             metrics.labelled(metrics.TOKENS, model, key, "completion").inc(completion)
         if tenant is not None and limiter is not None:
             reservation, ctx.reservation = ctx.reservation, None
-            limiter.charge(tenant, prompt + completion, reservation)
+            limiter.count(tenant, prompt, completion, reservation)
     except Exception:  # a miscount must not lose the access log line and metrics
         log.exception("counting the tokens of request %s failed", ctx.request_id)
 

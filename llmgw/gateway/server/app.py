@@ -33,6 +33,7 @@ from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import Request
 from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
 from llmgw.gateway.request.routing import GATEWAY_PATHS, RouteTable
@@ -169,7 +170,7 @@ def create_app(
     )
     access = Access(state, keys, settings.access_log)
     shared = _shared_directory()
-    limiter = Limiter(shared) if settings.keys_file is not None else None
+    limiter = _limiter(settings, shared)
     samples = Samples(shared)
 
     lifecycle = Lifecycle(state, health, upstream, settings, keys, samples)
@@ -193,7 +194,7 @@ def create_app(
         )
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())
-    app.add_route("/readyz", Readyz(state, settings.metrics_token, keys))
+    app.add_route("/readyz", Readyz(state, settings.metrics_token, keys, limiter))
     app.add_route("/metrics", Metrics(state, settings.metrics_token))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
     admin_keys = AdminKeys(keys, limiter, settings.admin_token)
@@ -202,7 +203,7 @@ def create_app(
     key_pages = DashboardKeys(keys, limiter, settings.admin_token)
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
-    _add_dashboard(app, state, keys, samples, demand, settings.metrics_token)
+    _add_dashboard(app, state, keys, samples, demand, settings.metrics_token, limiter)
     settle_heap()
     return app
 
@@ -214,14 +215,17 @@ def _add_dashboard(
     samples: Samples,
     demand: Demand,
     metrics_token: str | None,
+    limiter: Limiter | None,
 ) -> None:
     def snapshot() -> DashboardSnapshot:
         table = state.table
+        limits = limiter.status() if isinstance(limiter, SharedLimiter) else None
         return DashboardSnapshot(
             plan=table.plan,
             loaded_at=state.loaded_at,
             refusal=state.refusal,
             keys_refusal=keys.refusal if keys is not None else None,
+            limits_degraded=limits.reason if limits is not None else None,
             usage=samples.figures(),
             loaded=demand.loaded_now(table.plan),
             healthy=_healthy(table),
@@ -236,6 +240,16 @@ def _add_dashboard(
         )
 
     add_dashboard_routes(app, snapshot, metrics_token)
+
+
+def _limiter(settings: Settings, shared: Path) -> Limiter | None:
+    """Only named keys (keys.yaml) have limits. With LLMGW_REDIS_URL every instance counts
+    them on Redis; without, this instance's workers in their shared directory."""
+    if settings.keys_file is None:
+        return None
+    if settings.redis_url:
+        return SharedLimiter(settings.redis_url, shared, settings.redis_timeout)
+    return Limiter(shared)
 
 
 def _healthy(table: RouteTable) -> dict[str, bool]:

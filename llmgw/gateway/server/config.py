@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from llmgw.errors import UsageError
 
@@ -63,6 +64,10 @@ class Settings:
     # Names this gateway (all its workers) on the requests it sends: one that comes back
     # carrying it was sent by this gateway to itself (see `VIA_HEADER`).
     instance: str = ""
+    # Redis (or Valkey) where every instance counts rate limits and usage (limits_redis.py);
+    # None: each instance counts in its own SQLite file.
+    redis_url: str | None = None
+    redis_timeout: float = 0.1  # to connect, and for each answer; then limits are counted locally
 
 
 # A plan endpoint that points at the gateway itself turned one request into hundreds, each
@@ -84,6 +89,7 @@ _FLOATS = {
     "LLMGW_EJECT_MAX_TIME": "eject_max_time",
     "LLMGW_RETRY_BUDGET": "retry_budget",
     "LLMGW_LOAD_TIMEOUT": "load_timeout",
+    "LLMGW_REDIS_TIMEOUT": "redis_timeout",
 }
 _INTS = {
     "LLMGW_HEALTH_FAILURES": "health_failures",
@@ -125,6 +131,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["dns_servers"] = _servers(env["LLMGW_DNS_SERVERS"])
     if env.get("LLMGW_CORS_ORIGINS"):
         values["cors_origins"] = _origins(env["LLMGW_CORS_ORIGINS"])
+    if env.get("LLMGW_REDIS_URL"):
+        values["redis_url"] = _redis_url(env["LLMGW_REDIS_URL"])
     if env.get("LLMGW_ACCESS_LOG", "").lower() in ("0", "off", "false", "no"):
         values["access_log"] = False
     return Settings(**values)  # type: ignore[arg-type]
@@ -165,6 +173,25 @@ def _servers(text: str) -> tuple[tuple[str, int], ...]:
             )
         servers.append((host, int(port)))
     return tuple(servers)
+
+
+def _redis_url(url: str) -> str:
+    """The URL, or UsageError saying what is wrong with it; never quoting it, since it may
+    hold a password."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise UsageError(
+            f"LLMGW_REDIS_URL starts with {parts.scheme + '://' if parts.scheme else 'no scheme'}; "
+            "set it to redis://[USER:PASSWORD@]HOST[:PORT][/DB] (rediss:// for TLS, Redis or Valkey)."
+        )
+    try:
+        parts.port  # noqa: B018  # urlsplit checks the port only when it is read
+    except ValueError:
+        raise UsageError(
+            f"LLMGW_REDIS_URL (host '{parts.hostname}') has a port that is not a number from 0 to 65535; "
+            "set it to redis://[USER:PASSWORD@]HOST[:PORT][/DB]."
+        ) from None
+    return url
 
 
 def _is_address(host: str) -> bool:

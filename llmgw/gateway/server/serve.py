@@ -112,6 +112,14 @@ def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None
     keys = keys_from_settings(settings.keys_file, settings.api_keys_file)
     if keys is not None and keys.refusal:
         print(f"llmgw: {keys.refusal}", file=sys.stderr)
+    if settings.redis_url and settings.keys_file is not None:
+        # A wrong password or host would otherwise only show as every worker counting on
+        # its own, forever; a Redis that is merely down now, the workers ride out.
+        from llmgw.gateway.request.limits_redis import check_redis
+
+        warning = check_redis(settings.redis_url)
+        if warning:
+            print(f"llmgw: {warning}", file=sys.stderr)
 
 
 def serve(plan: Path, bind: str, workers: int) -> None:

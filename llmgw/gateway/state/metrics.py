@@ -103,6 +103,14 @@ TOKENS = Counter(
 RATE_LIMITED = Counter(
     "llmgw_rate_limited", "Requests refused 429, by key and the limit (requests, tokens).", ["key", "limit"]
 )
+# Set only with LLMGW_REDIS_URL: 1 while every live worker counts rate limits on Redis, 0
+# while any counts on its own instance because Redis did not answer (limits_redis.py).
+LIMITS_SHARED = Gauge(
+    "llmgw_limits_shared",
+    "1 while rate limits are counted on the shared store, 0 while counted per instance.",
+    ["store"],
+    multiprocess_mode="livemin",
+)
 LATENCY = Histogram(
     "llmgw_request_duration_seconds", "Time from request to last byte.", ["model"], buckets=_BUCKETS
 )

@@ -106,6 +106,11 @@
       document.getElementById("keys-refusal-reason").textContent = status.keys_refusal || "";
       keysBanner.hidden = !status.keys_refusal;
     }
+    var limitsBanner = document.getElementById("limits-degraded");
+    if (limitsBanner) {
+      document.getElementById("limits-degraded-reason").textContent = status.limits_degraded || "";
+      limitsBanner.hidden = !status.limits_degraded;
+    }
     if (status.usage) applyUsage(status.usage);
     if (status.nodes) applyNodes(status.nodes);
     var changed = document.getElementById("plan-changed");

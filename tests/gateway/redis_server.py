@@ -1,0 +1,74 @@
+"""A real redis-server for the shared-limits tests and the bench: on loopback, on a port the
+OS picks, keeping nothing on disk, killed by whoever started it."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from harness import free_port, stop, wait_until
+
+
+@dataclass
+class RedisServer:
+    port: int
+    directory: Path
+    password: str | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start it (again, on the same port: a restarted Redis, empty)."""
+        argv = [
+            _binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(self.directory),
+        ]  # fmt: skip
+        if self.password:
+            argv += ["--requirepass", self.password]
+        with open(self.directory / "redis.log", "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        conn = redis.Redis.from_url(self.url, socket_timeout=1)
+        try:
+            wait_until(lambda: self._up(conn), 10, f"redis-server on port {self.port}")
+        finally:
+            conn.close()
+
+    def _up(self, conn: redis.Redis) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, (self.directory / "redis.log").read_text()
+        try:
+            return bool(conn.ping())
+        except redis.ConnectionError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+            self.proc = None
+
+
+def _binary() -> str:
+    # /usr/bin is Debian's place for it, even when PATH leaves it out.
+    found = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/bin")
+    if found is None:
+        pytest.fail("redis-server is not installed: `apt-get install redis-server` (.ci/run does)")
+    return found
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path, password: str | None = None) -> Iterator[RedisServer]:
+    server = RedisServer(free_port(), directory, password)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
