@@ -75,6 +75,9 @@ class Engine:
         self.requests = 0
         self.disconnects = 0
         self.open = 0  # connections open now: what a test checks the gateway did not leak
+        # Delayed or streamed answers still running. One whose client left is counted in
+        # `disconnects` only when it next tries to write, which may be seconds later.
+        self.answering = 0
         self.models_seen: list[str] = []
         self.max_tokens_seen: list[Any] = []
         self.streamed_bytes = 0
@@ -87,6 +90,7 @@ class Engine:
             "requests": self.requests,
             "disconnects": self.disconnects,
             "open": self.open,
+            "answering": self.answering,
             "streamed_bytes": self.streamed_bytes,
             "models_seen": self.models_seen[-50:],
             "max_tokens_seen": self.max_tokens_seen[-50:],
@@ -259,6 +263,7 @@ class _Connection(asyncio.Protocol):
         return None
 
     async def _answer_later(self, job: dict[str, Any]) -> None:
+        self.engine.answering += 1
         try:
             request = job["request"]
             delay = float(request.get("fake_delay_first") or 0)
@@ -269,6 +274,7 @@ class _Connection(asyncio.Protocol):
                 return
             await self._stream(job["kind"], job["model"], request)
         finally:
+            self.engine.answering -= 1
             self.busy = False
             if not self.closed:
                 self._drain()

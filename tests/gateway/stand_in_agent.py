@@ -17,6 +17,15 @@ from typing import Any
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: twenty answers ending together each give
+    # their lease back on a new connection, and on a loaded machine those past the fifth
+    # were reset before they were accepted (the gateway logged a ReadError for each, and
+    # their leases were never given back). `llmgw node` listens with uvicorn's 2048.
+    request_queue_size = 128
+    daemon_threads = True
+
+
 class StandInAgent:
     def __init__(self, token: str, load_s: float = 0.5, never_ready: bool = False) -> None:
         self.token = token
@@ -28,8 +37,7 @@ class StandInAgent:
         self.waiters_gone = 0
         self.lock = threading.Lock()
         self.engines: dict[str, subprocess.Popen[str]] = {}
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

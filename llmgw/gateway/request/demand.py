@@ -181,7 +181,7 @@ class Demand:
         except httpx.HTTPError as exc:
             # The agent lets a lease lapse on its own (LLMGW_LEASE_TTL): the engine is only
             # kept from its idle stop that long.
-            log.warning("could not give lease %s back to %s: %s", lease, replica.agent, exc)
+            log.warning("could not give lease %s back to %s: %r", lease, replica.agent, exc)
 
     async def aclose(self) -> None:
         await asyncio.gather(*self.releases, return_exceptions=True)
