@@ -23,11 +23,11 @@ from pathlib import Path
 # Runs from a checkout whether or not llmgw is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from llmgw.catalogue import Entry  # noqa: E402
 from llmgw.lint import _fleet_consistency  # noqa: E402
 from llmgw.load import Document  # noqa: E402
 from llmgw.model import Fleet, ModelSpec  # noqa: E402
 from llmgw.place import place  # noqa: E402
-from llmgw.catalogue import Entry  # noqa: E402
 from llmgw.rules import run_rules  # noqa: E402
 from llmgw.rules.context import Context  # noqa: E402
 

@@ -91,13 +91,19 @@ def classify_source(text: str, base_dir: Path, catalogue: Path | None = None) ->
 
 def leads_out_through_a_link(written: Path, catalogue: Path) -> bool:
     """True when `written` is inside `catalogue` as written, and outside it once symlinks are
-    followed. A path written outside it (`../weights/m.gguf`, `/models/m.gguf`) is where the
+    followed, to anything but a weights file. A path written outside it (`../weights/m.gguf`, `/models/m.gguf`) is where the
     reviewer of the model file can see it point, and is read as it always was."""
     root = Path(os.path.abspath(catalogue))
     if not Path(os.path.normpath(os.path.abspath(written))).is_relative_to(root):
         return False
     try:
-        return not written.resolve().is_relative_to(catalogue.resolve())
+        target = written.resolve()
+        if target.is_relative_to(catalogue.resolve()):
+            return False
+        # A weights file kept elsewhere and linked in (the hub's cache, a models disk, the
+        # README's example) is what a link in a catalogue is for, and reading its header
+        # quotes nothing but a weights file's: it is followed. Anything else is not.
+        return not (target.suffix.lower() in WEIGHT_SUFFIXES and target.is_file())
     except (OSError, RuntimeError):
         return True  # a loop of links leads nowhere lint should go
 

@@ -97,6 +97,13 @@ class Fleet:
             )
         self.plan_path = root / "plan.json"
 
+    def agent_at(self, url: str) -> None:
+        """Record that the node's agent listens at `url` (the fleet's `agent_port`), so a
+        gateway following the plan asks it there to start on-demand engines."""
+        port = url.rsplit(":", 1)[1]
+        text = self.fleet.read_text()
+        self.fleet.write_text(text.replace("    engines:", f"    agent_port: {port}\n    engines:", 1))
+
     def plan(self, models: dict[str, str]) -> dict[str, Any]:
         for old in self.catalog.glob("*.yaml"):
             old.unlink()

@@ -126,6 +126,8 @@ def test_acquiring_b_evicts_the_idle_a_when_both_do_not_fit(
 ) -> None:
     where = plan_three(fleet)
     agent = run(agents, fleet, bin_dir)
+    # The always-on c starts at apply, in its own time: the acquires below can be done first.
+    agent.wait_state("c", "ready")
     lease = acquire(agent, where["a"]).json()["lease"]
     release(agent, lease)
     [a_pid] = pids_of(agent, where["a"])

