@@ -91,8 +91,9 @@ def classify_source(text: str, base_dir: Path, catalogue: Path | None = None) ->
 
 def leads_out_through_a_link(written: Path, catalogue: Path) -> bool:
     """True when `written` is inside `catalogue` as written, and outside it once symlinks are
-    followed, to anything but a weights file. A path written outside it (`../weights/m.gguf`, `/models/m.gguf`) is where the
-    reviewer of the model file can see it point, and is read as it always was."""
+    followed, to anything but a weights file. A path written outside it (`../weights/m.gguf`,
+    `/models/m.gguf`) is where the reviewer of the model file can see it point, and is read
+    as it always was."""
     root = Path(os.path.abspath(catalogue))
     if not Path(os.path.normpath(os.path.abspath(written))).is_relative_to(root):
         return False
