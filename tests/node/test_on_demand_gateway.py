@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.gateway.harness import gateway
+from tests.gateway.harness import gateway, wait_until
 from tests.node.agents import Agent, Fleet, chat_model, stand_in_bin
 
 TOKEN = "a-token-for-both"
@@ -37,5 +37,18 @@ def test_two_models_that_do_not_fit_together_answer_in_turn_one_loaded_at_a_time
             running = [r["model"] for r in status["replicas"] if r["state"] == "ready"]
             assert running == ["b"], f"one loaded at a time, the last asked for: {status['replicas']}"
             assert sum(r["evictions"] for r in status["replicas"]) == 3
+
+            def every_worker_says_only_b_is_loaded() -> bool:
+                # A new connection each time, so each worker is asked: the one that served
+                # `a` last has no lease to tell it `a` was evicted; the agent does.
+                for _ in range(8):
+                    with httpx.Client(timeout=10) as fresh:
+                        data = fresh.get(gw.url + "/v1/models").json()["data"]
+                    listed = {m["id"]: m.get("loaded") for m in data}
+                    if listed != {"a": False, "b": True}:
+                        return False
+                return True
+
+            wait_until(every_worker_says_only_b_is_loaded, 15, "/v1/models to say what the agent has loaded")
     finally:
         agent.stop()

@@ -25,6 +25,7 @@ import httpx
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.routing import Replica
 from llmgw.gateway.state import metrics
+from llmgw.gateway.state.reload import PlanState
 from llmgw.plan import Plan
 
 log = logging.getLogger("llmgw.gateway")
@@ -49,6 +50,10 @@ class Demand:
         # that time is taken as loaded: what /v1/models and the dashboard say.
         self.leased: dict[str, int] = {}
         self.last_used: dict[str, float] = {}
+        # What each node's agent said is ready, and when: it knows what this worker's leases
+        # cannot, an eviction and another worker's (or gateway's) start. Used while fresh.
+        self.heard: dict[str, tuple[float, frozenset[str]]] = {}
+        self.hear_every = 2.0
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -60,23 +65,45 @@ class Demand:
         self.last_used[replica.endpoint] = time.monotonic()
         return lease
 
-    def loaded(self, endpoint: str, idle_stop_s: float | None) -> bool:
-        """Whether the on-demand engine at `endpoint` is loaded, as far as this worker knows:
-        answering a request now, or used within its idle time."""
+    async def watch(self, state: PlanState, interval: float) -> None:
+        """Ask each on-demand node's agent, every `interval` seconds, which engines are ready."""
+        self.hear_every = interval
+        while True:
+            agents = {n.agent for n in state.table.plan.nodes if n.agent}
+            await asyncio.gather(*(self._hear(a) for a in sorted(agents)))
+            await asyncio.sleep(interval)
+
+    async def _hear(self, agent: str) -> None:
+        try:
+            answer = await self.client.get(agent.rstrip("/") + "/status", timeout=2.0)
+            replicas = answer.json()["replicas"]
+            ready = frozenset(str(r["endpoint"]) for r in replicas if r.get("state") == "ready")
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return  # unheard: its last answer goes stale, and this worker's own record decides
+        self.heard[agent] = (time.monotonic(), ready)
+
+    def loaded(self, endpoint: str, idle_stop_s: float | None, agent: str | None = None) -> bool:
+        """Whether the on-demand engine at `endpoint` is loaded: answering a request of this
+        worker's now, or ready by its agent's last answer while that is fresh; without a
+        fresh answer, used by this worker within its idle time."""
         if self.leased.get(endpoint, 0) > 0:
             return True
+        heard = self.heard.get(agent) if agent else None
+        if heard is not None and time.monotonic() - heard[0] < 3 * self.hear_every:
+            return endpoint in heard[1]
         used = self.last_used.get(endpoint)
         return used is not None and time.monotonic() - used < (idle_stop_s or 0)
 
     def loaded_now(self, plan: Plan) -> frozenset[str]:
         """The plan's on-demand replicas loaded now, by endpoint."""
+        agents = {n.name: n.agent for n in plan.nodes}
         return frozenset(
             r.endpoint
             for m in plan.models
             for p in m.profiles
             if p.on_demand
             for r in p.replicas
-            if self.loaded(r.endpoint, p.idle_stop_s)
+            if self.loaded(r.endpoint, p.idle_stop_s, agents.get(r.node or ""))
         )
 
     async def _lease(self, model: str, replica: Replica) -> str:

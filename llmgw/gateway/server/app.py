@@ -108,7 +108,9 @@ class Lifecycle:
         settings: Settings,
         keys: Keys | None,
         samples: Samples,
+        demand: Demand,
     ) -> None:
+        self.demand = demand
         self.state = state
         self.keys = keys
         self.samples = samples
@@ -124,6 +126,8 @@ class Lifecycle:
             loop.create_task(self.health.watch(self.state, self.settings.health_interval)),
             loop.create_task(Discovery(self.settings, self.health).watch(self.state)),
             loop.create_task(self.samples.watch()),
+            # The agents' word on what is loaded, for /v1/models and the dashboard.
+            loop.create_task(self.demand.watch(self.state, max(1.0, self.settings.health_interval))),
         ]
         if self.keys is not None:
             self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
@@ -173,7 +177,8 @@ def create_app(
     limiter = _limiter(settings, shared)
     samples = Samples(shared)
 
-    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples)
+    demand = Demand(settings.load_timeout, settings.max_held)
+    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, demand)
     app = _App(request_type=Request, middleware=[*_cors(settings), lifecycle, access])
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
@@ -183,7 +188,6 @@ def create_app(
     # the same replica failing completions.
     outliers = Outliers(settings.eject_after, settings.eject_time, settings.eject_max_time)
     budget = RetryBudget(settings.retry_budget, settings.retry_floor)
-    demand = Demand(settings.load_timeout, settings.max_held)
     models = Models(demand)
     app.add_route("/v1/models", models)
     # `path`, because names may hold a slash (org/model, as vLLM serves them).
