@@ -74,6 +74,14 @@ def speaks_anthropic(path: str) -> bool:
     return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
+def responses_error_event(message: str) -> bytes:
+    """How the Responses API ends a stream that fails: an `error` event, which its clients
+    (the openai SDK's `responses.stream`) read as the stream's failure; a bare `data:` error, as
+    chat streams end, reached them as an event of no type they know."""
+    data = {"type": "error", "code": "upstream_error", "message": message, "param": None}
+    return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
+
+
 def anthropic_error_body(status: int, message: str) -> bytes:
     kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
     return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()

@@ -195,6 +195,18 @@ def test_a_streamed_message_arrives_event_by_event_renamed_and_charged(served: G
     charged(served, MESSAGES_STREAM, tokens=6, requests=1)
 
 
+def test_a_response_stream_the_engine_breaks_off_ends_with_the_responses_apis_error_event(
+    served: Gateway,
+) -> None:
+    stream = openai_client(served, OTHER).responses.create(
+        model="g", input="hi", stream=True, extra_body={"fake_hangup_after": 2}
+    )
+    events = list(stream)
+    assert events[-1].type == "error", [e.type for e in events]
+    assert "broke the connection" in events[-1].message
+    assert all(e.type != "error" for e in events[:-1])
+
+
 def test_a_message_stream_the_engine_breaks_off_ends_with_an_error_event_in_anthropics_shape(
     served: Gateway,
 ) -> None:

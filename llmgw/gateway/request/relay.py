@@ -12,13 +12,13 @@ from typing import Any, Protocol
 import falcon.asgi
 import httpx
 
-from llmgw.gateway.errors import anthropic_error_body, error_body, speaks_anthropic
+from llmgw.gateway.errors import anthropic_error_body, error_body, responses_error_event, speaks_anthropic
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, STALLED, Disconnect
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.rename import EventRename, JsonRename
-from llmgw.gateway.request.routing import InFlight
+from llmgw.gateway.request.routing import GATEWAY_PATHS, InFlight
 from llmgw.gateway.request.upstream import Reply
 from llmgw.gateway.request.usage import Meter
 from llmgw.gateway.state import metrics
@@ -245,6 +245,8 @@ class Relay:
             raise AnswerCut(message)
         if speaks_anthropic(self.req.path):  # as Anthropic ends a stream that fails
             return b"event: error\ndata: " + anthropic_error_body(self.status, message) + b"\n\n"
+        if self.req.path == GATEWAY_PATHS["responses"]:
+            return responses_error_event(message)
         return b"data: " + error_body(message, "upstream_error") + b"\n\n"
 
     async def close(self) -> None:
