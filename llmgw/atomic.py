@@ -22,6 +22,7 @@ the gateway (plan, keys) and the node agent (plan) poll for.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -90,9 +91,9 @@ def _sync_folder(folder: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems cannot sync a folder; the file itself is on disk
+        # Some filesystems cannot sync a folder; the file itself is on disk by then.
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -44,15 +44,15 @@ async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> byt
     return body
 
 
-def ask_for_usage(request: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes, Meter]:
-    """A stream's request asking the engine for usage; and the meter that takes the usage
-    event out again when the client did not ask for it."""
+def ask_for_usage(request: dict[str, Any]) -> tuple[dict[str, Any], Meter]:
+    """A stream's request asking the engine for usage (a new dict when it changes); and the
+    meter that takes the usage event out again when the client did not ask for it."""
     options = request.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:
-        return request, body, Meter()
+        return request, Meter()
     given = options if isinstance(options, dict) else {}
     asked = {**request, "stream_options": {**given, "include_usage": True}}
-    return asked, json.dumps(asked).encode(), Meter(strip_usage_event=True)
+    return asked, Meter(strip_usage_event=True)
 
 
 class _RepeatedKey(Exception):
@@ -148,27 +148,24 @@ _LIMIT_FIELD = {
 }
 
 
-def output_limit(
-    model: Model, kind: str, request: dict[str, Any], body: bytes
-) -> tuple[dict[str, Any], bytes, int | None]:
-    """The request with the model's `max_output` as its `max_tokens` when it sets no limit
-    of its own (a request without one, with `ignore_eos`, ran until the context was full);
-    and the most tokens its answer may have, None when nothing bounds it. Each API gets its
-    own field (the Responses API's `max_output_tokens`); requests that generate nothing
-    (embeddings, rerank, counting) get none."""
+def output_limit(model: Model, kind: str, request: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """The request with the model's `max_output` as its answer's limit when it sets none of
+    its own (a request without one, with `ignore_eos`, ran until the context was full): a new
+    dict then, in each API's own field (the Responses API's `max_output_tokens`); and the most
+    tokens its answer may have, None when nothing bounds it. Requests that generate nothing
+    (embeddings, rerank, counting) get no limit."""
     ours = _LIMIT_FIELD.get(kind)
     if ours is None:
-        return request, body, None
+        return request, None
     for field in _TOKEN_LIMITS:
         value = request.get(field)
         if isinstance(value, int) and value > 0:
-            return request, body, value
+            return request, value
         if value is not None:  # n_predict -1: allowed only where the model sets no limit
-            return request, body, None
+            return request, None
     if model.max_output is None:
-        return request, body, None
-    limited = {**request, ours: model.max_output}
-    return limited, json.dumps(limited).encode(), model.max_output
+        return request, None
+    return {**request, ours: model.max_output}, model.max_output
 
 
 def check_max_tokens(model: Model, request: dict[str, Any]) -> None:

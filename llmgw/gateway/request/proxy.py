@@ -102,6 +102,7 @@ _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
 _ASKS_FOR_USAGE = frozenset({"chat", "completion"})
 
+
 class _NotReady(str):
     """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
     so while they load the weights. Not ready yet, not broken: when every replica says it,
@@ -175,7 +176,8 @@ class Proxy:
             raise wrong_endpoint(model, self.path)
         check_max_tokens(model, request)
         ctx.prompt_estimate = prompt_estimate(body)
-        request, body, most = output_limit(model, self.kind, request, body)
+        asked = request
+        request, most = output_limit(model, self.kind, request)
         counting = self.kind in COUNTING
         window = (
             # A counting request counts toward rpm and reserves no tokens (see COUNTING).
@@ -188,7 +190,9 @@ class Proxy:
         # Only chat and completions must be asked for a stream's usage: the Responses and
         # Messages APIs always send it.
         if request.get("stream") is True and self.kind in _ASKS_FOR_USAGE:
-            request, body, meter = ask_for_usage(request, body)
+            request, meter = ask_for_usage(request)
+        if request is not asked:  # written once, whatever the two steps above added
+            body = json.dumps(request).encode()
         watch = Disconnect(req.scope)
         try:
             key = functools.partial(prefix_key, self.kind, request)
