@@ -98,19 +98,25 @@ async def latency_blocks(
     stretch was measured on another machine than the target before it.
     """
     clients = {name: await _connect(url, path) for name, url in urls.items()}
+    return await in_turns(clients, blocks, per_block)
+
+
+async def in_turns(clients: dict[str, _Client], blocks: int, per_block: int) -> dict[str, list[list[float]]]:
+    """Warm each client up, then time `per_block` sequential requests per client per block,
+    the clients taking turns (the order reversed every other block); closes them after."""
     for client in clients.values():
         for _ in range(200):  # warm up: connection pools, caches, branch predictors
             await client.request()
-    samples: dict[str, list[list[float]]] = {name: [] for name in urls}
+    samples: dict[str, list[list[float]]] = {name: [] for name in clients}
     for block in range(blocks):
-        for name in list(urls) if block % 2 == 0 else list(reversed(urls)):
+        for name in list(clients) if block % 2 == 0 else list(reversed(clients)):
             client, times = clients[name], []
             for _ in range(per_block):
                 start = time.perf_counter()
                 status = await client.request()
                 times.append(time.perf_counter() - start)
                 if status != 200:
-                    raise SystemExit(f"bench request answered {status}")
+                    raise SystemExit(f"bench request to {name} answered {status}")
             samples[name].append(times)
     for client in clients.values():
         assert client.transport is not None

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gateway"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-from gateway import BODY, _Client, pct  # noqa: E402
+from gateway import BODY, _Client, in_turns, pct  # noqa: E402
 from redis_server import redis_server  # noqa: E402
 
 from llmgw.gateway.request.limits import Limiter  # noqa: E402
@@ -76,24 +76,8 @@ async def through_gateway(
     targets: dict[str, tuple[str, str]], blocks: int, per_block: int
 ) -> dict[str, list[list[float]]]:
     clients = {name: await _keyed(url, key) for name, (url, key) in targets.items()}
-    for client in clients.values():
-        for _ in range(200):  # warm up: pools, caches, the SQLite file, the scripts' cache
-            await client.request()
-    samples: dict[str, list[list[float]]] = {name: [] for name in targets}
-    for block in range(blocks):
-        for name in list(targets) if block % 2 == 0 else list(reversed(targets)):
-            client, times = clients[name], []
-            for _ in range(per_block):
-                start = time.perf_counter()
-                status = await client.request()
-                times.append(time.perf_counter() - start)
-                if status != 200:
-                    raise SystemExit(f"bench request to {name} answered {status}")
-            samples[name].append(times)
-    for client in clients.values():
-        assert client.transport is not None
-        client.transport.close()
-    return samples
+    # The warm-up also fills the pools, the SQLite file and Redis's script cache.
+    return await in_turns(clients, blocks, per_block)
 
 
 def main() -> None:
