@@ -229,6 +229,14 @@ def _this_machine(agent_port: int) -> dict[str, object]:
     return entry
 
 
+# How long the agent gives an engine between SIGTERM and SIGKILL when `up` stops, or dies.
+# At the agent's usual 30 s, a llama-server answering requests when `up` was killed with
+# SIGKILL ignored its SIGTERM, and for the whole 30 s the agent held the status port and the
+# gateway's worker waited on the engine: an `up` started again found its ports taken. One
+# machine's engines keep nothing a clean stop would save.
+GRACE_S = 5.0
+
+
 def _children_die_with_up() -> None:
     die_with_parent(signal.SIGTERM)  # the agent then stops its engines, as on Ctrl-C
 
@@ -251,6 +259,8 @@ def _run(plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: st
         str(state_dir / "node"),
         "--status-bind",
         status_bind,
+        "--grace",
+        str(GRACE_S),
     ]
     gateway_cmd = [*me, "serve", "--plan", str(plan_path), "--bind", bind]
     stopping = False
@@ -326,7 +336,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         return
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(90)  # the agent gives each engine its grace period, all at once
+        proc.wait(GRACE_S + 60)  # the agent gives each engine its grace period, all at once
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
