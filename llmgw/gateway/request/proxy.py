@@ -72,14 +72,17 @@ from llmgw.gateway.request.routing import (
     ENDPOINTS_FOR_TASK,
     GATEWAY_PATHS,
     Model,
+    Profile,
     Replica,
     prefix_key,
 )
 from llmgw.gateway.request.upstream import Reply, Upstream
 from llmgw.gateway.request.usage import Meter, prompt_estimate
+from llmgw.gateway.schedule import Scheduler, Ticket, band_of
 from llmgw.gateway.server.config import VIA_HEADER, Settings
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.health import Health
+from llmgw.gateway.state.keys import Tenant
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
 
 log = logging.getLogger("llmgw.gateway")
@@ -102,6 +105,12 @@ _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
 _ASKS_FOR_USAGE = frozenset({"chat", "completion"})
 
+# A caller may put its own request below its key's priority (never above): a batch job's key
+# can send its urgent request at the key's band and the rest lower.
+PRIORITY_HEADER = "x-llmgw-priority"
+# How long the answer waited for a replica's slot, on the answers that waited at all.
+QUEUE_WAIT_HEADER = "x-llmgw-queue-wait-ms"
+
 
 class _NotReady(str):
     """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
@@ -121,8 +130,10 @@ class Proxy:
         budget: RetryBudget,
         limiter: Limiter | None = None,
         demand: Demand | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.kind = kind
+        self.scheduler = scheduler
         self.demand = demand
         self.outliers = outliers
         self.budget = budget
@@ -186,6 +197,7 @@ class Proxy:
             else None
         )
         ctx.reservation = window.reservation if window is not None else None
+        ticket = ctx.ticket = self._ticket(req, model, tenant, ctx.prompt_estimate + (most or 0))
         meter = Meter(free=counting)
         # Only chat and completions must be asked for a stream's usage: the Responses and
         # Messages APIs always send it.
@@ -196,7 +208,7 @@ class Proxy:
         watch = Disconnect(req.scope)
         try:
             key = functools.partial(prefix_key, self.kind, request)
-            answer = await self._open(model, requested, request, body, ctx, watch, key)
+            answer = await self._open(model, requested, request, body, ctx, watch, key, ticket)
         except BaseException:
             watch.stop()
             unreserve(ctx, self.limiter)
@@ -210,6 +222,8 @@ class Proxy:
             resp.status = upstream.status_code
             if window is not None:
                 resp.set_headers(window.headers())
+            if ticket is not None and ticket.waited:
+                resp.set_header(QUEUE_WAIT_HEADER, str(round(ticket.waited * 1000)))
             # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
             # would have a browser render its bytes as a page of this gateway's origin.
             rename: EventRename | JsonRename
@@ -257,6 +271,37 @@ class Proxy:
             unreserve(ctx, self.limiter)
             raise
 
+    def _ticket(
+        self, req: falcon.asgi.Request, model: Model, tenant: Tenant | None, cost: int
+    ) -> Ticket | None:
+        """The request's place in line for a slot of `model` (gateway/schedule/)."""
+        if self.scheduler is None:
+            return None
+        band = band_of(tenant.priority if tenant is not None else None, req.get_header(PRIORITY_HEADER))
+        key = tenant.name if tenant is not None else "anonymous"
+        return self.scheduler.ticket(model.name, key, band, tenant.share if tenant is not None else 1.0, cost)
+
+    async def _slot(
+        self, ticket: Ticket, candidates: list[tuple[Profile, Replica]], watch: Disconnect
+    ) -> tuple[Profile, Replica]:
+        """The candidate whose slot the request was granted, taken out of `candidates`."""
+        slots: dict[str, int] = {}
+        for profile, replica in candidates:
+            slots.setdefault(replica.endpoint, profile.slots)
+        watch.waiting = True
+        try:
+            endpoint = await ticket.take(slots)
+        except asyncio.CancelledError:
+            if watch.absorb():
+                raise ApiError(CLIENT_GONE, "client went away") from None
+            raise
+        finally:
+            watch.waiting = False
+        for i, (_, replica) in enumerate(candidates):
+            if replica.endpoint == endpoint:
+                return candidates.pop(i)
+        raise AssertionError(f"granted {endpoint}, not a candidate")  # the store grants only candidates
+
     async def _open(
         self,
         model: Model,
@@ -266,6 +311,7 @@ class Proxy:
         ctx: RequestContext,
         watch: Disconnect,
         key: Callable[[], int | None],
+        ticket: Ticket | None = None,
     ) -> Answer:
         headers = [
             (b"content-type", b"application/json"),
@@ -280,7 +326,8 @@ class Proxy:
         faulted: Answer | None = None
         self.budget.request()
         try:
-            for profile, replica in model.candidates(key):
+            candidates = list(model.candidates(key))
+            while candidates:
                 if tried and not self.budget.allow():
                     # Past the budget the first failure is the answer: when every replica
                     # is failing, asking each of them too would only double their load.
@@ -299,13 +346,17 @@ class Proxy:
                         code="upstream_unreachable",
                     )
                 tried += 1
+                if ticket is None:
+                    profile, replica = candidates.pop(0)
+                else:
+                    profile, replica = await self._slot(ticket, candidates, watch)
                 served = profile.served_name
                 if served == requested:
                     content = body
                 else:
                     content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
                     rewritten[served] = content
-                answer = await self._ask(model, replica, Outgoing(self.kind, headers, content), watch)
+                answer = await self._ask(model, replica, Outgoing(self.kind, headers, content), watch, ticket)
                 if isinstance(answer, str):  # not taken: why
                     last = answer
                     not_ready += isinstance(answer, _NotReady)
@@ -365,12 +416,17 @@ class Proxy:
         )
 
     async def _ask(
-        self, model: Model, replica: Replica, outgoing: Outgoing, watch: Disconnect
+        self,
+        model: Model,
+        replica: Replica,
+        outgoing: Outgoing,
+        watch: Disconnect,
+        ticket: Ticket | None = None,
     ) -> Answer | str:
         """One replica's answer (counted in flight until it is released), or why the
         replica did not take the request; ApiError when no other replica may be tried."""
         try:
-            answer = await self._attempt(outgoing, replica, watch, model.name)
+            answer = await self._attempt(outgoing, replica, watch, model.name, ticket)
         except _NOT_TAKEN as exc:
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
@@ -431,7 +487,12 @@ class Proxy:
         self.outliers.failed(model, faulted.replica, why)
 
     async def _attempt(
-        self, outgoing: Outgoing, replica: Replica, watch: Disconnect, model: str = ""
+        self,
+        outgoing: Outgoing,
+        replica: Replica,
+        watch: Disconnect,
+        model: str = "",
+        ticket: Ticket | None = None,
     ) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
         here, within one first-byte allowance for the headers and that byte together.
@@ -442,12 +503,15 @@ class Proxy:
         upstream: Reply | httpx.Response | None = None
         watch.waiting = True
         hold = replica.hold()
+        if ticket is not None and ticket.id is not None:
+            # The slot goes back with the replica's count, however the answer ends.
+            hold.then(functools.partial(ticket.give_back, ticket.id))
         try:
             if replica.agent is not None and self.demand is not None:
                 # Held here until its agent has the engine ready (a client that leaves
                 # meanwhile cancels the wait); the first-byte allowance starts after.
                 lease = await self.demand.lease(model, replica)
-                hold.after = functools.partial(self.demand.release, replica, lease)
+                hold.then(functools.partial(self.demand.release, replica, lease))
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.upstream.post(
                     replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
@@ -472,5 +536,3 @@ class Proxy:
         finally:
             watch.waiting = False
         return Answer(upstream, hold, chunks, first)
-
-

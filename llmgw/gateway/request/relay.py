@@ -323,6 +323,8 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
         if tenant is not None and limiter is not None:
             reservation, ctx.reservation = ctx.reservation, None
             limiter.count(tenant, prompt, completion, reservation)
+        if ctx.ticket is not None:
+            ctx.ticket.used(prompt + completion)
     except Exception:  # a miscount must not lose the access log line and metrics
         log.exception("counting the tokens of request %s failed", ctx.request_id)
 

@@ -30,6 +30,7 @@ import httpx
 from llmgw.errors import PlanError
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.upstream import Target
+from llmgw.gateway.schedule.queue import LLAMACPP_SLOTS, slots_of
 from llmgw.gateway.state import metrics
 from llmgw.plan import Plan, PlanModel, PlanProfile
 
@@ -234,6 +235,21 @@ class InFlight:
             if self.after is not None:
                 self.after()
 
+    def then(self, after: Callable[[], None]) -> None:
+        """Call `after` too when released, after what was asked before."""
+        before = self.after
+        self.after = after if before is None else _both(before, after)
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            first()
+        finally:
+            second()
+
+    return both
+
 
 @dataclass
 class PrefixCounts:
@@ -312,6 +328,7 @@ class Profile:
     replicas: tuple[Replica, ...]
     routing: str = "least-loaded"
     groups: tuple[DnsGroup, ...] = ()
+    slots: int = LLAMACPP_SLOTS  # requests each replica serves at once (gateway/schedule/)
     prefix: PrefixCounts = field(default_factory=PrefixCounts, compare=False)
     _turns: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
 
@@ -483,7 +500,8 @@ class RouteTable:
             )
             groups = tuple(self._group(r.endpoint) for r in p.replicas if r.discovery == "dns")
             routing = p.routing or ("least-loaded" if planned.task in ("embedding", "rerank") else "prefix")
-            profile = Profile(p.name, p.served_name, p.weight, replicas, routing, groups)
+            slots = slots_of(p.engine, p.args)
+            profile = Profile(p.name, p.served_name, p.weight, replicas, routing, groups, slots)
             tiers.setdefault(p.priority, []).append(profile)
         listing: dict[str, Any] = {
             "id": planned.name,

@@ -38,6 +38,7 @@ from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
 from llmgw.gateway.request.routing import GATEWAY_PATHS, RouteTable
 from llmgw.gateway.request.upstream import FastTransport, Upstream
+from llmgw.gateway.schedule import LocalStore, Scheduler
 from llmgw.gateway.server.config import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
 from llmgw.gateway.state.health import Health
@@ -109,8 +110,10 @@ class Lifecycle:
         keys: Keys | None,
         samples: Samples,
         demand: Demand,
+        scheduler: Scheduler,
     ) -> None:
         self.demand = demand
+        self.scheduler = scheduler
         self.state = state
         self.keys = keys
         self.samples = samples
@@ -128,6 +131,7 @@ class Lifecycle:
             loop.create_task(self.samples.watch()),
             # The agents' word on what is loaded, for /v1/models and the dashboard.
             loop.create_task(self.demand.watch(self.state, max(1.0, self.settings.health_interval))),
+            loop.create_task(self.scheduler.watch()),
         ]
         if self.keys is not None:
             self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
@@ -178,7 +182,8 @@ def create_app(
     samples = Samples(shared)
 
     demand = Demand(settings.load_timeout, settings.max_held)
-    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, demand)
+    scheduler = _scheduler(settings, shared)
+    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, demand, scheduler)
     app = _App(request_type=Request, middleware=[*_cors(settings), lifecycle, access])
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
@@ -194,7 +199,8 @@ def create_app(
     app.add_route("/v1/models/{model_id:path}", models, suffix="item")
     for kind, path in GATEWAY_PATHS.items():
         app.add_route(
-            path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, demand)
+            path,
+            Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, demand, scheduler),
         )
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())
@@ -254,6 +260,12 @@ def _limiter(settings: Settings, shared: Path) -> Limiter | None:
     if settings.redis_url:
         return SharedLimiter(settings.redis_url, shared, settings.redis_timeout)
     return Limiter(shared)
+
+
+def _scheduler(settings: Settings, shared: Path) -> Scheduler:
+    """Slots and lines shared by this instance's workers (its shared directory)."""
+    store = LocalStore(shared, fair=settings.scheduler == "fair")
+    return Scheduler(store, settings.queue_wait, settings.queue_per_key)
 
 
 def _healthy(table: RouteTable) -> dict[str, bool]:

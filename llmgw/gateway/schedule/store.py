@@ -1,0 +1,338 @@
+"""Slots in use and requests waiting, held across every worker of one gateway instance.
+
+The interface every store has (`Store`), and the local one: one SQLite file (WAL) in the
+directory the workers already share for metrics and limits, as request/limits.py counts
+rates. Each change is one short write transaction (BEGIN IMMEDIATE), which serialises the
+workers, so two of them never both take a replica's last slot. store_redis.py holds the
+same over every instance.
+
+What is kept:
+- a lease per slot in use: its replica, the worker that holds it, and when it lapses. The
+  holding worker renews its leases every few seconds; a worker that dies stops renewing, and
+  here, on one machine, its leases are taken back at once when its pid is gone;
+- a row per waiting request, with its candidates and what each may hold;
+- each key's virtual service per model (policy.Ledger).
+
+A slot is granted only by the policy, run inside the transaction that frees it or queues a
+request, so the order is one order for every worker. A waiting request learns of its grant
+by finding a lease under its own id.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from llmgw.gateway.schedule.policy import Ledger, Waiter, grants
+
+FILE_NAME = "llmgw-schedule.sqlite"
+# A lease lapses this long after its holder last renewed it: a worker renews every third of
+# it, so a lease outlives a dead worker on another machine by at most this much.
+LEASE_TTL = 6.0
+# The virtual floor of each band is kept as a key no tenant can have (names are [A-Za-z0-9._-]).
+_FLOOR = "\x00band:"
+
+
+class QueueFull(Exception):
+    """The key already has as many requests waiting for the model as it may."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(waiting)
+        self.waiting = waiting
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request asking for a slot of `model` on one of `slots` (endpoint → slots it has,
+    in routing's order of preference)."""
+
+    model: str
+    waiter: Waiter
+    slots: Mapping[str, int]
+    per_key: int  # waiting requests the key may have for the model; past it, QueueFull
+
+
+class Store(Protocol):
+    """What the scheduler needs of shared state; every call is atomic for every worker."""
+
+    def ask(self, ask: Ask) -> tuple[str | None, list[str]]:
+        """The endpoint granted to this request now, or None when it waits (queued); and the
+        ids of other requests granted meanwhile. QueueFull when it may not wait."""
+        ...
+
+    def granted(self, model: str, id: str) -> str | None:
+        """The endpoint a waiting request was granted, if it was."""
+        ...
+
+    def give_back(self, model: str, id: str, correction: float = 0.0) -> list[str]:
+        """Free a lease (charging its key `correction` more service); the ids granted."""
+        ...
+
+    def leave(self, model: str, id: str) -> list[str]:
+        """A waiting request gives up: unqueued, and a lease granted meanwhile freed."""
+        ...
+
+    def dispatch(self, model: str) -> list[str]:
+        """Reclaim lapsed leases and grant what is free; the ids granted."""
+        ...
+
+    def correct(self, model: str, key: str, share: float, correction: float) -> None:
+        """Charge a key's service what its answer really cost beyond the estimate."""
+        ...
+
+    def renew(self) -> None:
+        """Keep this worker's leases and waiting requests from lapsing."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def encode_slots(slots: Mapping[str, int]) -> str:
+    return "\n".join(f"{n} {endpoint}" for endpoint, n in slots.items())
+
+
+def decode_slots(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in text.split("\n"):
+        n, _, endpoint = line.partition(" ")
+        if endpoint:
+            out[endpoint] = int(n)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive, just not ours to signal
+    return True
+
+
+class LocalStore:
+    """The workers of one instance, on one SQLite file in their shared directory."""
+
+    def __init__(self, directory: Path, fair: bool = True) -> None:
+        self.fair = fair
+        self.pid = os.getpid()
+        self.db = sqlite3.connect(
+            directory / FILE_NAME, timeout=5.0, isolation_level=None, check_same_thread=False
+        )
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=OFF")  # a crash loses leases that would lapse anyway
+        for statement in _SCHEMA:
+            self.db.execute(statement)
+
+    def ask(self, ask: Ask) -> tuple[str | None, list[str]]:
+        db, waiter = self.db, ask.waiter
+        now = time.time()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if db.execute("SELECT 1 FROM waiting WHERE model = ? LIMIT 1", (ask.model,)).fetchone() is None:
+                # Nobody waits for the model: the first candidate with a free slot, if any.
+                free = self._free(ask.slots)
+                for endpoint in waiter.candidates:
+                    if free.get(endpoint, 0) > 0:
+                        self._lease(ask.model, waiter, endpoint, 0.0, self.pid, now)
+                        db.execute("COMMIT")
+                        return endpoint, []
+            mine, in_band = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(band = ?), 0) FROM waiting WHERE model = ? AND key = ?",
+                (waiter.band, ask.model, waiter.key),
+            ).fetchone()
+            if mine >= ask.per_key:
+                raise QueueFull(mine)
+            ledger = self._ledger(ask.model)
+            if not in_band:
+                ledger.joined(waiter.key, waiter.band)
+            db.execute(
+                "INSERT INTO waiting VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    waiter.id, ask.model, waiter.key, waiter.band, waiter.share, waiter.since,
+                    waiter.cost, encode_slots(ask.slots), self.pid, now + LEASE_TTL,
+                ),
+            )  # fmt: skip
+            granted = self._dispatch(ask.model, ledger, now)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        mine = granted.pop(waiter.id, "")
+        return mine or None, list(granted)
+
+    def granted(self, model: str, id: str) -> str | None:
+        row = self.db.execute("SELECT endpoint FROM lease WHERE id = ?", (id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def give_back(self, model: str, id: str, correction: float = 0.0) -> list[str]:
+        return self._free_lease(model, id, correction, unqueue=False)
+
+    def leave(self, model: str, id: str) -> list[str]:
+        return self._free_lease(model, id, 0.0, unqueue=True)
+
+    def _free_lease(self, model: str, id: str, correction: float, unqueue: bool) -> list[str]:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if unqueue:
+                db.execute("DELETE FROM waiting WHERE id = ?", (id,))
+            row = db.execute("DELETE FROM lease WHERE id = ? RETURNING key, share, cost", (id,)).fetchone()
+            granted: dict[str, str] = {}
+            if row is not None:
+                key, share, cost = row
+                ledger: Ledger | None = None
+                if cost and correction:
+                    ledger = self._ledger(model)
+                    ledger.charge(key, correction, share)
+                    self._save(model, ledger, (key,))
+                if db.execute("SELECT 1 FROM waiting WHERE model = ? LIMIT 1", (model,)).fetchone():
+                    granted = self._dispatch(model, ledger or self._ledger(model), time.time())
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return list(granted)
+
+    def dispatch(self, model: str) -> list[str]:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            granted = self._dispatch(model, self._ledger(model), time.time())
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return list(granted)
+
+    def correct(self, model: str, key: str, share: float, correction: float) -> None:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            ledger = self._ledger(model)
+            ledger.charge(key, correction, share)
+            self._save(model, ledger, (key,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def renew(self) -> None:
+        until = time.time() + LEASE_TTL
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("UPDATE lease SET expires = ? WHERE pid = ?", (until, self.pid))
+            db.execute("UPDATE waiting SET expires = ? WHERE pid = ?", (until, self.pid))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def in_use(self) -> dict[str, int]:
+        """Slots in use per endpoint, over every worker."""
+        return {
+            str(e): int(n)
+            for e, n in self.db.execute("SELECT endpoint, COUNT(*) FROM lease GROUP BY endpoint")
+        }
+
+    def waiting(self) -> dict[str, int]:
+        """Requests waiting per model, over every worker."""
+        return {
+            str(m): int(n) for m, n in self.db.execute("SELECT model, COUNT(*) FROM waiting GROUP BY model")
+        }
+
+    def close(self) -> None:
+        self.db.close()
+
+    # Inside a transaction from here on.
+
+    def _free(self, slots: Mapping[str, int]) -> dict[str, int]:
+        marks = ",".join("?" * len(slots))
+        used = dict(
+            self.db.execute(
+                f"SELECT endpoint, COUNT(*) FROM lease WHERE endpoint IN ({marks}) GROUP BY endpoint",  # noqa: S608
+                tuple(slots),
+            ).fetchall()
+        )
+        return {e: n - used.get(e, 0) for e, n in slots.items()}
+
+    def _lease(self, model: str, waiter: Waiter, endpoint: str, cost: float, pid: int, now: float) -> None:
+        self.db.execute(
+            "INSERT INTO lease VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (waiter.id, model, endpoint, waiter.key, waiter.share, cost, pid, now + LEASE_TTL),
+        )
+
+    def _ledger(self, model: str) -> Ledger:
+        service: dict[str, float] = {}
+        floor: dict[int, float] = {}
+        for key, value in self.db.execute("SELECT key, v FROM service WHERE model = ?", (model,)):
+            if key.startswith(_FLOOR):
+                floor[int(key[len(_FLOOR) :])] = value
+            else:
+                service[key] = value
+        return Ledger(service, floor)
+
+    def _save(self, model: str, ledger: Ledger, keys: Iterable[str] | None = None) -> None:
+        rows = [(model, k, v) for k, v in ledger.service.items() if keys is None or k in keys]
+        if keys is None:
+            rows += [(model, f"{_FLOOR}{band}", v) for band, v in ledger.floor.items()]
+        self.db.executemany("INSERT OR REPLACE INTO service VALUES (?, ?, ?)", rows)
+
+    def _reap(self, now: float) -> None:
+        db = self.db
+        db.execute("DELETE FROM lease WHERE expires < ?", (now,))
+        db.execute("DELETE FROM waiting WHERE expires < ?", (now,))
+        pids = {p for (p,) in db.execute("SELECT pid FROM lease UNION SELECT pid FROM waiting")}
+        for pid in pids:
+            if pid != self.pid and not alive(pid):
+                # A worker killed outright (OOM, kill -9) gave nothing back: its slots are free now.
+                db.execute("DELETE FROM lease WHERE pid = ?", (pid,))
+                db.execute("DELETE FROM waiting WHERE pid = ?", (pid,))
+
+    def _dispatch(self, model: str, ledger: Ledger, now: float) -> dict[str, str]:
+        """Grant what is free to what waits for `model`: waiting id → endpoint."""
+        db = self.db
+        self._reap(now)
+        rows = db.execute(
+            "SELECT id, key, band, share, since, cost, slots, pid FROM waiting WHERE model = ?", (model,)
+        ).fetchall()
+        if not rows:
+            return {}
+        slots: dict[str, int] = {}
+        waiters: list[Waiter] = []
+        pids: dict[str, int] = {}
+        for id, key, band, share, since, cost, text, pid in rows:
+            theirs = decode_slots(text)
+            slots.update(theirs)
+            waiters.append(Waiter(id, key, band, share, since, cost, tuple(theirs)))
+            pids[id] = pid
+        free = self._free(slots)
+        out: dict[str, str] = {}
+        for waiter, endpoint in grants(waiters, free, ledger, self.fair):
+            db.execute("DELETE FROM waiting WHERE id = ?", (waiter.id,))
+            self._lease(model, waiter, endpoint, waiter.cost, pids[waiter.id], now)
+            out[waiter.id] = endpoint
+        if out:
+            self._save(model, ledger)
+        return out
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS lease (id TEXT PRIMARY KEY, model TEXT NOT NULL, "
+    "endpoint TEXT NOT NULL, key TEXT NOT NULL, share REAL NOT NULL, cost REAL NOT NULL, "
+    "pid INTEGER NOT NULL, expires REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS lease_endpoint ON lease (endpoint)",
+    "CREATE INDEX IF NOT EXISTS lease_pid ON lease (pid)",
+    "CREATE TABLE IF NOT EXISTS waiting (id TEXT PRIMARY KEY, model TEXT NOT NULL, key TEXT NOT NULL, "
+    "band INTEGER NOT NULL, share REAL NOT NULL, since REAL NOT NULL, cost REAL NOT NULL, "
+    "slots TEXT NOT NULL, pid INTEGER NOT NULL, expires REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS waiting_model_key ON waiting (model, key)",
+    "CREATE TABLE IF NOT EXISTS service (model TEXT NOT NULL, key TEXT NOT NULL, v REAL NOT NULL, "
+    "PRIMARY KEY (model, key))",
+)
