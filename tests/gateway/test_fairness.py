@@ -267,7 +267,8 @@ def worker_holding_a_slot(gw: Gateway, results: list[httpx.Response]) -> tuple[i
 
 
 def test_slots_held_by_a_worker_killed_with_sigkill_come_back(tmp_path: Path) -> None:
-    with slots(2, service_s=0.2) as e, served(tmp_path, e, 2) as gw:
+    # A slot that never came back makes requests wait: 3 s of it is a 503, not a hang.
+    with slots(2, service_s=0.2) as e, served(tmp_path, e, 2, LLMGW_QUEUE_WAIT="3") as gw:
         results: list[httpx.Response] = []
         held = [worker_holding_a_slot(gw, results) for _ in range(2)]
         wait_until(lambda: stats(e)["in_flight"] == 2, 10, "two long requests to hold both slots")
