@@ -197,7 +197,10 @@ class Proxy:
             else None
         )
         ctx.reservation = window.reservation if window is not None else None
-        ticket = ctx.ticket = self._ticket(req, model, tenant, ctx.prompt_estimate + (most or 0))
+        # Charged its prompt when granted a slot; its answer's tokens as it ends (Ticket.used).
+        # Charged its most (max_tokens) up front instead, a key whose answers are short paid
+        # for long ones until each ended, and lost its turns meanwhile.
+        ticket = ctx.ticket = self._ticket(req, model, tenant, ctx.prompt_estimate)
         meter = Meter(free=counting)
         # Only chat and completions must be asked for a stream's usage: the Responses and
         # Messages APIs always send it.

@@ -38,7 +38,8 @@ from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
 from llmgw.gateway.request.routing import GATEWAY_PATHS, RouteTable
 from llmgw.gateway.request.upstream import FastTransport, Upstream
-from llmgw.gateway.schedule import LocalStore, Scheduler
+from llmgw.gateway.schedule import LocalStore, Scheduler, Store
+from llmgw.gateway.schedule.store_redis import RedisStore, Shared
 from llmgw.gateway.server.config import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
 from llmgw.gateway.state.health import Health
@@ -263,8 +264,12 @@ def _limiter(settings: Settings, shared: Path) -> Limiter | None:
 
 
 def _scheduler(settings: Settings, shared: Path) -> Scheduler:
-    """Slots and lines shared by this instance's workers (its shared directory)."""
-    store = LocalStore(shared, fair=settings.scheduler == "fair")
+    """Slots and lines shared by this instance's workers (its shared directory), and with
+    LLMGW_REDIS_URL by every instance."""
+    fair = settings.scheduler == "fair"
+    store: Store = LocalStore(shared, fair)
+    if settings.redis_url:
+        store = Shared(RedisStore(settings.redis_url, settings.redis_timeout, fair), store)
     return Scheduler(store, settings.queue_wait, settings.queue_per_key)
 
 
