@@ -34,6 +34,9 @@ POLL_MOST = 0.025
 # How often a waiter runs the policy itself, to take back the slots of a holder that died
 # without giving them back (on another machine: only once their lease lapses).
 DISPATCH_EVERY = 0.5
+# A slot given back while nobody waits is freed with the worker's next write, or this soon:
+# what another worker may wait for it at most, when it starts waiting just then.
+FLUSH_AFTER = 0.002
 
 LLAMACPP_SLOTS = 4  # llama-server's own default for --parallel
 VLLM_SLOTS = 256  # vLLM's own default for --max-num-seqs
@@ -65,9 +68,24 @@ class Scheduler:
         self.events: dict[str, asyncio.Event] = {}
         self._ids = itertools.count()
         self._prefix = f"{os.getpid()}.{os.urandom(3).hex()}."
+        self._flushing = False
 
     def ticket(self, model: str, key: str, band: int, share: float, cost: float) -> Ticket:
         return Ticket(self, model, key, band, share, max(1.0, cost), f"{self._prefix}{next(self._ids)}")
+
+    def gave_back(self, woken: list[str]) -> None:
+        """After a give_back: wake who it granted, and free a lazily given back lease soon."""
+        self.wake(woken)
+        if self.store.pending and not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_later(FLUSH_AFTER, self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        try:
+            self.wake(self.store.flush())
+        except Exception:  # the next write frees them; a lease lapses in any case
+            log.exception("could not free given back slots")
 
     def wake(self, ids: list[str]) -> None:
         for id in ids:
@@ -197,7 +215,7 @@ class Ticket:
         if id == self.id:
             self.id = None
         try:
-            self.scheduler.wake(self.scheduler.store.give_back(self.model, id))
+            self.scheduler.gave_back(self.scheduler.store.give_back(self.model, id))
         except Exception:  # an ended answer must not turn into an error; the lease lapses
             log.exception("could not give back slot %s of %s", id, self.model)
 

@@ -151,6 +151,11 @@ class RedisStore:
                 waiting, leases, _ = self._keys(model)
                 self._renew(keys=[waiting, leases], args=[until, *ids])
 
+    pending = False  # every give_back is written at once
+
+    def flush(self) -> list[str]:
+        return []
+
     def close(self) -> None:
         self.redis.close()
 
@@ -326,6 +331,13 @@ class Shared:
 
     def correct(self, model: str, key: str, share: float, correction: float) -> None:
         self._guard(lambda: self.shared.correct(model, key, share, correction), lambda: None)
+
+    @property
+    def pending(self) -> bool:
+        return self.local.pending
+
+    def flush(self) -> list[str]:
+        return self.local.flush()
 
     def renew(self) -> None:
         self.local.renew()
