@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.gateway.schedule.policy import Ledger, Waiter, grants
+from llmgw.gateway.schedule.policy import Ledger, Room, Waiter, grants
 
 ENDPOINTS = ("http://a", "http://b", "http://c")
 
@@ -109,3 +109,56 @@ def test_a_key_back_from_idle_banks_no_credit(busy_for: int) -> None:
     out = grants(ws, {"http://a": 10}, ledger, True)
     served = Counter(w.key for w, _ in out)
     assert abs(served["a"] - served["b"]) <= 1, f"after idling, b took {served['b']} of 10 slots"
+
+
+def room(
+    in_use: dict[str, int], loaded: str | None, oldest: dict[str, float], now: float = 100.0
+) -> dict[str, Room]:
+    shared = Room(dict(in_use), loaded, oldest, now, patience=5.0)
+    return {"http://a": shared, "http://b": shared}
+
+
+def test_in_a_room_the_loaded_replica_is_served_before_a_swap() -> None:
+    ws = [
+        Waiter("b1", "k", 1, 1.0, 98.0, 1.0, ("http://b",)),
+        Waiter("a1", "k", 1, 1.0, 99.0, 1.0, ("http://a",)),
+    ]
+    rooms = room({"http://a": 0}, "http://a", {"http://a": 99.0, "http://b": 98.0})
+    out = grants(ws, {"http://a": 4, "http://b": 4}, Ledger({}, {}), True, rooms)
+    assert [w.id for w, _ in out] == ["a1"], "b was started while a, loaded, had a request waiting"
+
+
+def test_in_a_room_a_request_that_waited_its_patience_drains_the_loaded_replica() -> None:
+    ws = [
+        Waiter("b1", "k", 1, 1.0, 90.0, 1.0, ("http://b",)),
+        Waiter("a1", "k", 1, 1.0, 99.0, 1.0, ("http://a",)),
+    ]
+    busy = room({"http://a": 2}, "http://a", {"http://a": 99.0, "http://b": 90.0})
+    assert grants(ws, {"http://a": 2, "http://b": 4}, Ledger({}, {}), True, busy) == [], (
+        "a took new requests while b had waited past its patience"
+    )
+    drained = room({"http://a": 0}, "http://a", {"http://a": 99.0, "http://b": 90.0})
+    out = grants(ws, {"http://a": 4, "http://b": 4}, Ledger({}, {}), True, drained)
+    assert [w.id for w, _ in out] == ["b1"], "once a drained, b was not started"
+
+
+def test_alternating_requests_in_a_room_cost_two_starts_not_one_each() -> None:
+    ws = [
+        Waiter(f"w{n:02d}", "k", 1, 1.0, 100.0 + n / 100, 1.0, ("http://a" if n % 2 == 0 else "http://b",))
+        for n in range(12)
+    ]
+    loaded: list[str] = []
+    shared = Room({}, None, {}, 100.2, patience=5.0)
+    while ws:
+        shared.in_use = {}  # the last turn's requests have finished
+        shared.oldest = {}
+        for w in ws:
+            shared.oldest[w.candidates[0]] = min(w.since, shared.oldest.get(w.candidates[0], 1e9))
+        out = grants(
+            ws, {"http://a": 4, "http://b": 4}, Ledger({}, {}), True, {"http://a": shared, "http://b": shared}
+        )
+        for w, endpoint in out:
+            ws.remove(w)
+            if not loaded or loaded[-1] != endpoint:
+                loaded.append(endpoint)
+    assert len(loaded) == 2, f"twelve alternating requests started {loaded}"

@@ -48,7 +48,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 _n = iter(range(10**9))
 
 
-def ask(key: str, slots: dict[str, int], since: float | None = None, band: int = 1, per_key: int = 100) -> Ask:
+def ask(
+    key: str, slots: dict[str, int], since: float | None = None, band: int = 1, per_key: int = 100
+) -> Ask:
     n = next(_n)
     waiter = Waiter(f"t{n}", key, band, 1.0, time.time() if since is None else since, 1.0, tuple(slots))
     return Ask("m", waiter, slots, per_key)
@@ -134,7 +136,9 @@ time.sleep(600)
 
 
 @pytest.mark.parametrize("kind", ["local", "redis"])
-def test_the_slots_of_a_killed_holder_come_back(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_the_slots_of_a_killed_holder_come_back(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     where = str(tmp_path) if kind == "local" else request.getfixturevalue("redis_url")
     store: Store = LocalStore(tmp_path) if kind == "local" else RedisStore(where)
     if isinstance(store, RedisStore):
@@ -161,3 +165,26 @@ def test_the_slots_of_a_killed_holder_come_back(kind: str, tmp_path: Path, reque
         if holder.poll() is None:
             holder.kill()
         store.close()
+
+
+def test_a_room_drains_the_loaded_replica_for_a_request_that_waited_its_patience(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, patience=0.3)
+    rooms = {A: "node:box", B: "node:box"}
+
+    def on(endpoint: str, model: str) -> Ask:
+        made = ask("k", {endpoint: 4})
+        return Ask(model, made.waiter, made.slots, 100, {endpoint: rooms[endpoint]})
+
+    first, second = on(A, "a"), on(A, "a")
+    assert store.ask(first)[0] == A, "an empty room takes the first request"
+    lone = on(B, "b")
+    assert store.ask(lone)[0] is None, "b waits while a has a request in flight"
+    assert store.ask(second)[0] == A, "a, loaded, keeps taking requests within b's patience"
+    time.sleep(0.35)
+    late = on(A, "a")
+    assert store.ask(late)[0] is None, "past b's patience a takes no new request"
+    store.give_back("a", first.waiter.id)
+    assert store.granted("b", lone.waiter.id) is None, "b started while a still had one in flight"
+    assert store.give_back("a", second.waiter.id) == [lone.waiter.id], "a drained, b starts"
+    assert store.granted("a", late.waiter.id) is None, "a restarted beside b"
+    store.close()

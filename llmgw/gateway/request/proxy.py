@@ -74,6 +74,7 @@ from llmgw.gateway.request.routing import (
     Model,
     Profile,
     Replica,
+    RouteTable,
     prefix_key,
 )
 from llmgw.gateway.request.upstream import Reply, Upstream
@@ -285,15 +286,16 @@ class Proxy:
         return self.scheduler.ticket(model.name, key, band, tenant.share if tenant is not None else 1.0, cost)
 
     async def _slot(
-        self, ticket: Ticket, candidates: list[tuple[Profile, Replica]], watch: Disconnect
+        self, ticket: Ticket, candidates: list[tuple[Profile, Replica]], watch: Disconnect, table: RouteTable
     ) -> tuple[Profile, Replica]:
         """The candidate whose slot the request was granted, taken out of `candidates`."""
         slots: dict[str, int] = {}
         for profile, replica in candidates:
             slots.setdefault(replica.endpoint, profile.slots)
+        rooms = {e: table.rooms[e] for e in slots if e in table.rooms} if table.rooms else {}
         watch.waiting = True
         try:
-            endpoint = await ticket.take(slots)
+            endpoint = await ticket.take(slots, rooms)
         except asyncio.CancelledError:
             if watch.absorb():
                 raise ApiError(CLIENT_GONE, "client went away") from None
@@ -352,7 +354,7 @@ class Proxy:
                 if ticket is None:
                     profile, replica = candidates.pop(0)
                 else:
-                    profile, replica = await self._slot(ticket, candidates, watch)
+                    profile, replica = await self._slot(ticket, candidates, watch, ctx.table)
                 served = profile.served_name
                 if served == requested:
                     content = body

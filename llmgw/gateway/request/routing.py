@@ -31,6 +31,7 @@ from llmgw.errors import PlanError
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.upstream import Target
 from llmgw.gateway.schedule.queue import LLAMACPP_SLOTS, slots_of
+from llmgw.gateway.schedule.rooms import rooms_of
 from llmgw.gateway.state import metrics
 from llmgw.plan import Plan, PlanModel, PlanProfile
 
@@ -463,6 +464,8 @@ class RouteTable:
     ) -> None:
         self.plan = plan
         self.digest: str = plan.digest
+        # On-demand replicas that take turns on a node (gateway/schedule/rooms.py).
+        self.rooms = rooms_of(plan)
         self.replicas: dict[str, Replica] = {}
         # DNS names by endpoint, carried across reloads like replicas: what they resolved
         # to, and each address's health, describe the cluster, not the plan.

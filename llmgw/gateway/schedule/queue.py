@@ -145,7 +145,7 @@ class Ticket:
         self.charged = 0.0  # service charged for it at its grant (none when nothing waited)
         self.waited = 0.0  # seconds spent waiting for slots, over every try
 
-    async def take(self, slots: dict[str, int]) -> str:
+    async def take(self, slots: dict[str, int], rooms: dict[str, str] | None = None) -> str:
         """The endpoint of a free slot among `slots` (endpoint → slots it has, in routing's
         order), once it is this request's turn; ApiError 429 or 503 when it cannot be."""
         scheduler, store = self.scheduler, self.scheduler.store
@@ -153,7 +153,7 @@ class Ticket:
         id = f"{self.base}.{self.tries}"
         waiter = Waiter(id, self.key, self.band, self.share, self.since, self.cost, tuple(slots))
         try:
-            endpoint, woken = store.ask(Ask(self.model, waiter, slots, scheduler.per_key))
+            endpoint, woken = store.ask(Ask(self.model, waiter, slots, scheduler.per_key, rooms or {}))
         except QueueFull as full:
             raise self._full(full.waiting) from None
         scheduler.wake(woken)

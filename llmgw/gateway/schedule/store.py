@@ -20,15 +20,16 @@ by finding a lease under its own id.
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from llmgw.gateway.schedule.policy import Ledger, Waiter, grants
+from llmgw.gateway.schedule.policy import Ledger, Room, Waiter, grants
 
 FILE_NAME = "llmgw-schedule.sqlite"
 # A lease lapses this long after its holder last renewed it: a worker renews every third of
@@ -55,6 +56,7 @@ class Ask:
     waiter: Waiter
     slots: Mapping[str, int]
     per_key: int  # waiting requests the key may have for the model; past it, QueueFull
+    rooms: Mapping[str, str] = field(default_factory=dict)  # endpoint → its Room's name, if any
 
 
 class Store(Protocol):
@@ -101,17 +103,25 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def encode_slots(slots: Mapping[str, int]) -> str:
-    return "\n".join(f"{n} {endpoint}" for endpoint, n in slots.items())
+def encode_slots(slots: Mapping[str, int], rooms: Mapping[str, str]) -> str:
+    return "\n".join(f"{n} {endpoint} {rooms.get(endpoint, '')}".rstrip() for endpoint, n in slots.items())
 
 
-def decode_slots(text: str) -> dict[str, int]:
-    out: dict[str, int] = {}
+def decode_slots(text: str) -> tuple[dict[str, int], dict[str, str]]:
+    """Endpoint → slots, and endpoint → room, as `encode_slots` wrote them."""
+    slots: dict[str, int] = {}
+    rooms: dict[str, str] = {}
     for line in text.split("\n"):
-        n, _, endpoint = line.partition(" ")
-        if endpoint:
-            out[endpoint] = int(n)
-    return out
+        n, endpoint, *room = line.split(" ")
+        slots[endpoint] = int(n)
+        if room:
+            rooms[endpoint] = room[0]
+    return slots, rooms
+
+
+def _rooms_text(rooms: Mapping[str, str]) -> str:
+    # "|a|b|": found again with LIKE '%|a|%'
+    return "|" + "|".join(sorted(set(rooms.values()))) + "|" if rooms else ""
 
 
 def alive(pid: int) -> bool:
@@ -127,8 +137,9 @@ def alive(pid: int) -> bool:
 class LocalStore:
     """The workers of one instance, on one SQLite file in their shared directory."""
 
-    def __init__(self, directory: Path, fair: bool = True) -> None:
+    def __init__(self, directory: Path, fair: bool = True, patience: float = 5.0) -> None:
         self.fair = fair
+        self.patience = patience
         self.pid = os.getpid()
         self.db = sqlite3.connect(
             directory / FILE_NAME, timeout=5.0, isolation_level=None, check_same_thread=False
@@ -152,12 +163,13 @@ class LocalStore:
         db.execute("BEGIN IMMEDIATE")
         try:
             woken = self._free_later(now)
-            if db.execute("SELECT 1 FROM waiting WHERE model = ? LIMIT 1", (ask.model,)).fetchone() is None:
-                # Nobody waits for the model: the first candidate with a free slot, if any.
+            if not ask.rooms and not self._anyone_waits(ask.model):
+                # Nobody waits for the model: the first candidate with a free slot, if any. (A
+                # replica in a Room always asks the policy: its slot may not be open.)
                 free = self._free(ask.slots)
                 for endpoint in waiter.candidates:
                     if free.get(endpoint, 0) > 0:
-                        self._lease(ask.model, waiter, endpoint, 0.0, self.pid, now)
+                        self._lease(ask.model, waiter, endpoint, 0.0, self.pid, now, "")
                         db.execute("COMMIT")
                         return endpoint, list(woken)
             mine, in_band = db.execute(
@@ -170,10 +182,11 @@ class LocalStore:
             if not in_band:
                 ledger.joined(waiter.key, waiter.band)
             db.execute(
-                "INSERT INTO waiting VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO waiting VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     waiter.id, ask.model, waiter.key, waiter.band, waiter.share, waiter.since,
-                    waiter.cost, encode_slots(ask.slots), self.pid, now + LEASE_TTL,
+                    waiter.cost, encode_slots(ask.slots, ask.rooms), self.pid, now + LEASE_TTL,
+                    _rooms_text(ask.rooms),
                 ),
             )  # fmt: skip
             granted = woken | self._dispatch(ask.model, ledger, now)
@@ -223,10 +236,12 @@ class LocalStore:
             woken = self._free_later(time.time())
             if unqueue:
                 db.execute("DELETE FROM waiting WHERE id = ?", (id,))
-            row = db.execute("DELETE FROM lease WHERE id = ? RETURNING key, share, cost", (id,)).fetchone()
+            row = db.execute(
+                "DELETE FROM lease WHERE id = ? RETURNING key, share, cost, room", (id,)
+            ).fetchone()
             granted: dict[str, str] = {}
             if row is not None:
-                key, share, cost = row
+                key, share, cost, room = row
                 ledger: Ledger | None = None
                 if cost and correction:
                     ledger = self._ledger(model)
@@ -234,6 +249,8 @@ class LocalStore:
                     self._save(model, ledger, (key,))
                 if self._anyone_waits(model):
                     granted = self._dispatch(model, ledger or self._ledger(model), time.time())
+                if room:  # its Room may now be open to another model's replica
+                    granted |= self._dispatch_room(room, model)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -316,11 +333,47 @@ class LocalStore:
         )
         return {e: n - used.get(e, 0) for e, n in slots.items()}
 
-    def _lease(self, model: str, waiter: Waiter, endpoint: str, cost: float, pid: int, now: float) -> None:
+    def _lease(
+        self, model: str, waiter: Waiter, endpoint: str, cost: float, pid: int, now: float, room: str
+    ) -> None:
         self.db.execute(
-            "INSERT INTO lease VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (waiter.id, model, endpoint, waiter.key, waiter.share, cost, pid, now + LEASE_TTL),
+            "INSERT INTO lease VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (waiter.id, model, endpoint, waiter.key, waiter.share, cost, pid, now + LEASE_TTL, room),
         )
+        if room:
+            self.db.execute("INSERT OR REPLACE INTO loaded VALUES (?, ?)", (room, endpoint))
+
+    def _dispatch_room(self, room: str, besides: str) -> dict[str, str]:
+        """Dispatch the other models waiting for a replica in `room`."""
+        models = self.db.execute(
+            "SELECT DISTINCT model FROM waiting WHERE rooms LIKE ? AND model != ?", (f"%|{room}|%", besides)
+        ).fetchall()
+        granted: dict[str, str] = {}
+        for (model,) in models:
+            granted |= self._dispatch(model, self._ledger(model), time.time())
+        return granted
+
+    def _rooms(self, names: set[str], now: float) -> dict[str, Room]:
+        """The Rooms named, by each endpoint in them: slots in use, the loaded replica, and
+        the longest wait for each replica over every model."""
+        out: dict[str, Room] = {}
+        db = self.db
+        for name in names:
+            in_use = dict(
+                db.execute("SELECT endpoint, COUNT(*) FROM lease WHERE room = ? GROUP BY endpoint", (name,))
+            )
+            loaded = db.execute("SELECT endpoint FROM loaded WHERE room = ?", (name,)).fetchone()
+            oldest: dict[str, float] = {}
+            for text, since in db.execute(
+                "SELECT slots, since FROM waiting WHERE rooms LIKE ?", (f"%|{name}|%",)
+            ):
+                for endpoint, r in decode_slots(text)[1].items():
+                    if r == name and since < oldest.get(endpoint, math.inf):
+                        oldest[endpoint] = since
+            room = Room(in_use, loaded[0] if loaded else None, oldest, now, self.patience)
+            for endpoint in {*in_use, *oldest, *([loaded[0]] if loaded else [])}:
+                out[endpoint] = room
+        return out
 
     def _ledger(self, model: str) -> Ledger:
         service: dict[str, float] = {}
@@ -359,18 +412,23 @@ class LocalStore:
         if not rows:
             return {}
         slots: dict[str, int] = {}
+        in_rooms: dict[str, str] = {}
         waiters: list[Waiter] = []
         pids: dict[str, int] = {}
         for id, key, band, share, since, cost, text, pid in rows:
-            theirs = decode_slots(text)
+            theirs, rooms = decode_slots(text)
             slots.update(theirs)
+            in_rooms.update(rooms)
             waiters.append(Waiter(id, key, band, share, since, cost, tuple(theirs)))
             pids[id] = pid
         free = self._free(slots)
         out: dict[str, str] = {}
-        for waiter, endpoint in grants(waiters, free, ledger, self.fair):
+        by_endpoint = self._rooms(set(in_rooms.values()), now) if in_rooms else None
+        for waiter, endpoint in grants(waiters, free, ledger, self.fair, by_endpoint):
             db.execute("DELETE FROM waiting WHERE id = ?", (waiter.id,))
-            self._lease(model, waiter, endpoint, waiter.cost, pids[waiter.id], now)
+            self._lease(
+                model, waiter, endpoint, waiter.cost, pids[waiter.id], now, in_rooms.get(endpoint, "")
+            )
             out[waiter.id] = endpoint
         if out:
             self._save(model, ledger)
@@ -380,12 +438,13 @@ class LocalStore:
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS lease (id TEXT PRIMARY KEY, model TEXT NOT NULL, "
     "endpoint TEXT NOT NULL, key TEXT NOT NULL, share REAL NOT NULL, cost REAL NOT NULL, "
-    "pid INTEGER NOT NULL, expires REAL NOT NULL)",
+    "pid INTEGER NOT NULL, expires REAL NOT NULL, room TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS lease_endpoint ON lease (endpoint)",
     "CREATE INDEX IF NOT EXISTS lease_pid ON lease (pid)",
     "CREATE TABLE IF NOT EXISTS waiting (id TEXT PRIMARY KEY, model TEXT NOT NULL, key TEXT NOT NULL, "
     "band INTEGER NOT NULL, share REAL NOT NULL, since REAL NOT NULL, cost REAL NOT NULL, "
-    "slots TEXT NOT NULL, pid INTEGER NOT NULL, expires REAL NOT NULL)",
+    "slots TEXT NOT NULL, pid INTEGER NOT NULL, expires REAL NOT NULL, rooms TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS loaded (room TEXT PRIMARY KEY, endpoint TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS waiting_model_key ON waiting (model, key)",
     "CREATE TABLE IF NOT EXISTS service (model TEXT NOT NULL, key TEXT NOT NULL, v REAL NOT NULL, "
     "PRIMARY KEY (model, key))",

@@ -267,7 +267,10 @@ def _scheduler(settings: Settings, shared: Path) -> Scheduler:
     """Slots and lines shared by this instance's workers (its shared directory), and with
     LLMGW_REDIS_URL by every instance."""
     fair = settings.scheduler == "fair"
-    store: Store = LocalStore(shared, fair)
+    # How long a request for an on-demand model not loaded waits beside a loaded one in its
+    # Room before the loaded one is drained for it: well within LLMGW_QUEUE_WAIT.
+    patience = min(5.0, settings.queue_wait / 4)
+    store: Store = LocalStore(shared, fair, patience)
     if settings.redis_url:
         store = Shared(RedisStore(settings.redis_url, settings.redis_timeout, fair), store)
     return Scheduler(store, settings.queue_wait, settings.queue_per_key)
