@@ -567,6 +567,16 @@ class RouteTable:
         self.groups[endpoint] = group
         return group
 
+    def slots(self) -> dict[str, int]:
+        """Requests each replica serves at once, by endpoint (its profile's engine args)."""
+        return {
+            r.endpoint: p.slots
+            for m in self.models.values()
+            for tier in m.tiers
+            for p in tier
+            for r in p.members()
+        }
+
     def every_replica(self) -> dict[str, Replica]:
         """Planned and discovered replicas by endpoint: what health checks and /metrics cover."""
         if not self.groups:

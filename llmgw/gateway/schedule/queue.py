@@ -18,7 +18,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.schedule.policy import BANDS, Waiter
@@ -86,6 +86,26 @@ class Scheduler:
             self.wake(self.store.flush())
         except Exception:  # the next write frees them; a lease lapses in any case
             log.exception("could not free given back slots")
+
+    def record(self, slots: Mapping[str, int], models: Iterable[str]) -> None:
+        """Set the slot gauges for /metrics from the store, as it is scraped: the store
+        counts every worker's (and instance's) slots, which no worker's own gauge could."""
+        try:
+            used = self.store.in_use(models)
+        except Exception:
+            log.exception("could not read the slots in use for /metrics")
+            return
+        for endpoint, total in slots.items():
+            metrics.labelled(metrics.SLOTS, endpoint).set(total)
+            metrics.labelled(metrics.SLOTS_IN_USE, endpoint).set(used.get(endpoint, 0))
+
+    def waiting(self, models: Iterable[str]) -> dict[str, int]:
+        """Requests waiting per model, over every worker: the dashboard's figure."""
+        try:
+            return self.store.waiting(models)
+        except Exception:
+            log.exception("could not read the requests waiting for the dashboard")
+            return {}
 
     def wake(self, ids: list[str]) -> None:
         for id in ids:

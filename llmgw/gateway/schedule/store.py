@@ -100,6 +100,14 @@ class Store(Protocol):
         """Free what was given back lazily; the ids granted."""
         ...
 
+    def in_use(self, models: Iterable[str]) -> dict[str, int]:
+        """Slots in use per endpoint, over every worker (and instance)."""
+        ...
+
+    def waiting(self, models: Iterable[str]) -> dict[str, int]:
+        """Requests waiting per model, over every worker (and instance)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -293,14 +301,14 @@ class LocalStore:
             db.execute("ROLLBACK")
             raise
 
-    def in_use(self) -> dict[str, int]:
+    def in_use(self, models: Iterable[str] = ()) -> dict[str, int]:
         """Slots in use per endpoint, over every worker."""
         return {
             str(e): int(n)
             for e, n in self.db.execute("SELECT endpoint, COUNT(*) FROM lease GROUP BY endpoint")
         }
 
-    def waiting(self) -> dict[str, int]:
+    def waiting(self, models: Iterable[str] = ()) -> dict[str, int]:
         """Requests waiting per model, over every worker."""
         return {
             str(m): int(n) for m, n in self.db.execute("SELECT model, COUNT(*) FROM waiting GROUP BY model")

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import redis
@@ -152,6 +152,29 @@ class RedisStore:
                 self._renew(keys=[waiting, leases], args=[until, *ids])
 
     pending = False  # every give_back is written at once
+
+    def in_use(self, models: Iterable[str]) -> dict[str, int]:
+        names = list(models)
+        now = time.time()
+        with self.redis.pipeline(transaction=False) as pipe:
+            for model in names:
+                pipe.hvals(self._keys(model)[1])
+            answers = pipe.execute()
+        used: dict[str, int] = {}
+        for values in answers:
+            for value in values:
+                lease = json.loads(value)
+                if lease["x"] >= now:
+                    used[lease["e"]] = used.get(lease["e"], 0) + 1
+        return used
+
+    def waiting(self, models: Iterable[str]) -> dict[str, int]:
+        names = list(models)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for model in names:
+                pipe.hlen(self._keys(model)[0])
+            answers = pipe.execute()
+        return {m: int(n) for m, n in zip(names, answers, strict=True) if n}
 
     def flush(self) -> list[str]:
         return []
@@ -338,6 +361,18 @@ class Shared:
 
     def flush(self) -> list[str]:
         return self.local.flush()
+
+    def in_use(self, models: Iterable[str]) -> dict[str, int]:
+        names = list(models)
+        local = self.local.in_use(names)
+        shared: dict[str, int] = self._guard(lambda: self.shared.in_use(names), lambda: {})
+        return {e: local.get(e, 0) + shared.get(e, 0) for e in {*local, *shared}}
+
+    def waiting(self, models: Iterable[str]) -> dict[str, int]:
+        names = list(models)
+        local = self.local.waiting(names)
+        shared: dict[str, int] = self._guard(lambda: self.shared.waiting(names), lambda: {})
+        return {m: local.get(m, 0) + shared.get(m, 0) for m in {*local, *shared}}
 
     def renew(self) -> None:
         self.local.renew()

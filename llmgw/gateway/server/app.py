@@ -206,7 +206,7 @@ def create_app(
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())
     app.add_route("/readyz", Readyz(state, settings.metrics_token, keys, limiter))
-    app.add_route("/metrics", Metrics(state, settings.metrics_token))
+    app.add_route("/metrics", Metrics(state, settings.metrics_token, scheduler))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
     admin_keys = AdminKeys(keys, limiter, settings.admin_token)
     app.add_route("/admin/keys", admin_keys)
@@ -214,7 +214,7 @@ def create_app(
     key_pages = DashboardKeys(keys, limiter, settings.admin_token)
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
-    _add_dashboard(app, state, keys, samples, demand, settings.metrics_token, limiter)
+    _add_dashboard(app, state, keys, samples, demand, settings.metrics_token, limiter, scheduler)
     settle_heap()
     return app
 
@@ -227,6 +227,7 @@ def _add_dashboard(
     demand: Demand,
     metrics_token: str | None,
     limiter: Limiter | None,
+    scheduler: Scheduler,
 ) -> None:
     def snapshot() -> DashboardSnapshot:
         table = state.table
@@ -239,6 +240,7 @@ def _add_dashboard(
             limits_degraded=limits.reason if limits is not None else None,
             usage=samples.figures(),
             loaded=demand.loaded_now(table.plan),
+            waiting=scheduler.waiting(table.models),
             healthy=_healthy(table),
             discovery_errors=tuple(g.error for g in table.groups.values() if g.error),
             replicas=replica_states(table.every_replica().values()),

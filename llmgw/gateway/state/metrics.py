@@ -163,13 +163,13 @@ SLOTS_IN_USE = Gauge(
     "llmgw_replica_slots_in_use",
     "Requests a replica is serving now, over every worker (and instance, on Redis).",
     ["replica"],
-    multiprocess_mode="livemax",
+    multiprocess_mode="livemostrecent",  # read from the store at each scrape (Scheduler.record)
 )
 SLOTS = Gauge(
     "llmgw_replica_slots",
     "Requests a replica serves at once (--parallel, --max-num-seqs): the gateway sends no more.",
     ["replica"],
-    multiprocess_mode="livemax",
+    multiprocess_mode="livemostrecent",
 )
 UPSTREAM_ERRORS = Counter(
     "llmgw_upstream_errors",
