@@ -171,7 +171,7 @@ class LocalStore:
         db.execute("BEGIN IMMEDIATE")
         try:
             woken = self._free_later(now)
-            if not ask.rooms and not self._anyone_waits(ask.model):
+            if not (ask.rooms and self.fair) and not self._anyone_waits(ask.model):
                 # Nobody waits for the model: the first candidate with a free slot, if any. (A
                 # replica in a Room always asks the policy: its slot may not be open.)
                 free = self._free(ask.slots)
@@ -431,7 +431,8 @@ class LocalStore:
             pids[id] = pid
         free = self._free(slots)
         out: dict[str, str] = {}
-        by_endpoint = self._rooms(set(in_rooms.values()), now) if in_rooms else None
+        # fifo is arrival order, whichever model is loaded: rooms are the fair scheduler's.
+        by_endpoint = self._rooms(set(in_rooms.values()), now) if in_rooms and self.fair else None
         for waiter, endpoint in grants(waiters, free, ledger, self.fair, by_endpoint):
             db.execute("DELETE FROM waiting WHERE id = ?", (waiter.id,))
             self._lease(
