@@ -118,7 +118,9 @@ class Scheduler:
         while True:
             await asyncio.sleep(LEASE_TTL / 3)
             try:
-                await asyncio.to_thread(self.store.renew)
+                # On the loop, not in a thread: the store's connection is the loop's, and a
+                # renewal run beside a request's transaction broke both.
+                self.store.renew()
             except Exception:  # the next beat tries again; a lease lapses only after three
                 log.exception("could not renew this worker's slots")
 
