@@ -20,11 +20,13 @@ by finding a lease under its own id.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -156,6 +158,7 @@ class LocalStore:
         self.db.execute("PRAGMA synchronous=OFF")  # a crash loses leases that would lapse anyway
         for statement in _SCHEMA:
             self.db.execute(statement)
+        self.lock = os.open(directory / (FILE_NAME + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         # Leases given back while nobody waited for their model, freed with this worker's next
         # write (or by `flush`, which the scheduler calls within FLUSH_AFTER): one transaction
         # per request instead of two, when nothing waits; someone waiting frees them at once.
@@ -165,11 +168,27 @@ class LocalStore:
     def pending(self) -> bool:
         return bool(self.later)
 
-    def ask(self, ask: Ask) -> tuple[str | None, list[str]]:
-        db, waiter = self.db, ask.waiter
-        now = time.time()
-        db.execute("BEGIN IMMEDIATE")
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, the workers taking turns on a lock file first: SQLite's own
+        wait for a busy file sleeps 1 ms, then 2, then 5, blocking the worker's loop each
+        time, where a flock wakes the next worker as soon as the 30 us transaction ends."""
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
         try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+        finally:
+            fcntl.flock(self.lock, fcntl.LOCK_UN)
+
+    def ask(self, ask: Ask) -> tuple[str | None, list[str]]:
+        waiter = ask.waiter
+        now = time.time()
+        with self._write() as db:
             woken = self._free_later(now)
             if not (ask.rooms and self.fair) and not self._anyone_waits(ask.model):
                 # Nobody waits for the model: the first candidate with a free slot, if any. (A
@@ -178,7 +197,6 @@ class LocalStore:
                 for endpoint in waiter.candidates:
                     if free.get(endpoint, 0) > 0:
                         self._lease(ask.model, waiter, endpoint, 0.0, self.pid, now, "")
-                        db.execute("COMMIT")
                         return endpoint, list(woken)
             mine, in_band = db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(band = ?), 0) FROM waiting WHERE model = ? AND key = ?",
@@ -198,10 +216,6 @@ class LocalStore:
                 ),
             )  # fmt: skip
             granted = woken | self._dispatch(ask.model, ledger, now)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         mine = granted.pop(waiter.id, "")
         return mine or None, list(granted)
 
@@ -219,15 +233,8 @@ class LocalStore:
         """Free the leases given back while nobody waited; the ids granted."""
         if not self.later:
             return []
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            granted = self._free_later(time.time())
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return list(granted)
+        with self._write():
+            return list(self._free_later(time.time()))
 
     def _anyone_waits(self, model: str) -> bool:
         return (
@@ -238,9 +245,7 @@ class LocalStore:
         return self._free_lease(model, id, 0.0, unqueue=True)
 
     def _free_lease(self, model: str, id: str, correction: float, unqueue: bool) -> list[str]:
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write() as db:
             woken = self._free_later(time.time())
             if unqueue:
                 db.execute("DELETE FROM waiting WHERE id = ?", (id,))
@@ -259,47 +264,24 @@ class LocalStore:
                     granted = self._dispatch(model, ledger or self._ledger(model), time.time())
                 if room:  # its Room may now be open to another model's replica
                     granted |= self._dispatch_room(room, model)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return list(woken | granted)
 
     def dispatch(self, model: str) -> list[str]:
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write():
             now = time.time()
-            granted = self._free_later(now) | self._dispatch(model, self._ledger(model), now)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return list(granted)
+            return list(self._free_later(now) | self._dispatch(model, self._ledger(model), now))
 
     def correct(self, model: str, key: str, share: float, correction: float) -> None:
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write():
             ledger = self._ledger(model)
             ledger.charge(key, correction, share)
             self._save(model, ledger, (key,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def renew(self) -> None:
         until = time.time() + LEASE_TTL
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._write() as db:
             db.execute("UPDATE lease SET expires = ? WHERE pid = ?", (until, self.pid))
             db.execute("UPDATE waiting SET expires = ? WHERE pid = ?", (until, self.pid))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def in_use(self, models: Iterable[str] = ()) -> dict[str, int]:
         """Slots in use per endpoint, over every worker."""
@@ -316,6 +298,7 @@ class LocalStore:
 
     def close(self) -> None:
         self.db.close()
+        os.close(self.lock)
 
     # Inside a transaction from here on.
 
@@ -444,12 +427,12 @@ class LocalStore:
         return out
 
 
+# A lease table holds a row per slot in use, a few hundred at most: scanned, it needs no index,
+# and each index was one more page written by every request's transaction.
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS lease (id TEXT PRIMARY KEY, model TEXT NOT NULL, "
     "endpoint TEXT NOT NULL, key TEXT NOT NULL, share REAL NOT NULL, cost REAL NOT NULL, "
-    "pid INTEGER NOT NULL, expires REAL NOT NULL, room TEXT NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS lease_endpoint ON lease (endpoint)",
-    "CREATE INDEX IF NOT EXISTS lease_pid ON lease (pid)",
+    "pid INTEGER NOT NULL, expires REAL NOT NULL, room TEXT NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS waiting (id TEXT PRIMARY KEY, model TEXT NOT NULL, key TEXT NOT NULL, "
     "band INTEGER NOT NULL, share REAL NOT NULL, since REAL NOT NULL, cost REAL NOT NULL, "
     "slots TEXT NOT NULL, pid INTEGER NOT NULL, expires REAL NOT NULL, rooms TEXT NOT NULL)",
