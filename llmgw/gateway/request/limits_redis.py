@@ -259,7 +259,10 @@ class SharedLimiter(Limiter):
         if due:
             # A worker with no keyed traffic would otherwise say "shared" of a Redis long
             # gone, or "degraded" of one long back: /readyz asks, at most every retry_every.
-            self._shared(self.redis.ping)
+            # With a script that only reads, not PING: a server that answers PING but not
+            # EVALSHA as Redis does was said to be "shared" while every worker counted alone.
+            keys = _keys("-")
+            self._shared(lambda: _pair(self._used(keys=[keys[0], keys[2]], args=[WINDOW])))
         return LimitsStatus("redis", self.down is None, self.down)
 
     def admit(self, tenant: Tenant, reserve: int = 0) -> Window | None:
