@@ -97,7 +97,8 @@ def test_a_messages_stream_the_client_leaves_is_charged_at_least_what_it_read(se
 def test_a_burst_asking_n_predict_beyond_max_tokens_is_admitted_only_up_to_the_tpm(served: Gateway) -> None:
     # llama-server writes n_predict's 500 tokens whatever max_tokens says: reserved as 500
     # each, two fill the key's 1000 while they run. Reserved as max_tokens' 1, all twenty
-    # were let in.
+    # were let in. (An answer that ends settles its reservation at the 7 tokens it used, so
+    # a thread started late on a loaded machine may get in too: hence the long answers.)
     statuses: list[int] = []
     lock = threading.Lock()
 
@@ -106,7 +107,7 @@ def test_a_burst_asking_n_predict_beyond_max_tokens_is_admitted_only_up_to_the_t
             served.url + "/v1/chat/completions",
             json={
                 "model": "chat", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 1, "n_predict": 500, "fake_delay_first": 1.5,
+                "max_tokens": 1, "n_predict": 500, "fake_delay_first": 4,
             },  # fmt: skip
             headers={"Authorization": f"Bearer {BURST}"},
             timeout=30,
@@ -120,7 +121,7 @@ def test_a_burst_asking_n_predict_beyond_max_tokens_is_admitted_only_up_to_the_t
     for t in threads:
         t.join()
     admitted = statuses.count(200)
-    assert 1 <= admitted <= 3, f"tpm 1000 with 500-token answers let {admitted} of 20 through"
+    assert 1 <= admitted <= 4, f"tpm 1000 with 500-token answers let {admitted} of 20 through"
     assert statuses.count(429) == 20 - admitted, statuses
 
 
