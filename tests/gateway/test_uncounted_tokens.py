@@ -57,7 +57,9 @@ def deltas(text: str) -> int:
 
 
 @pytest.mark.parametrize("path", list(_BODIES))
-def test_a_stream_the_engine_cuts_short_is_charged_at_least_what_it_relayed(served: Gateway, path: str) -> None:
+def test_a_stream_the_engine_cuts_short_is_charged_at_least_what_it_relayed(
+    served: Gateway, path: str
+) -> None:
     before = completion_tokens(served, "cut")
     body = {"model": "chat", "stream": True, "fake_chunks": 40, "fake_hangup_after": 30, **_BODIES[path]}
     answer = httpx.post(served.url + path, json=body, headers={"Authorization": f"Bearer {CUT}"}, timeout=30)
