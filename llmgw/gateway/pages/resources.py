@@ -17,13 +17,13 @@ from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pages.dashboard import render_key_page, render_keys_page, set_page_headers
 from llmgw.gateway.request.access import bearer_token, check_model, usable_models
 from llmgw.gateway.request.body import read_body
-from llmgw.gateway.request.demand import Demand
+from llmgw.gateway.request.lease import Demand
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.limits_redis import SharedLimiter
-from llmgw.gateway.request.routing import DnsGroup
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Keys, Tenant
 from llmgw.gateway.state.reload import PlanState, PlanWriteError
+from llmgw.gateway.state.routes import DnsGroup
 from llmgw.plan import Plan, dump_plan
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import falcon.asgi
 
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.routing import ENDPOINTS_FOR_TASK, GATEWAY_PATHS, Model
 from llmgw.gateway.request.usage import Meter
+from llmgw.gateway.state.routes import ENDPOINTS_FOR_TASK, GATEWAY_PATHS, Model
 
 
 async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> bytes:

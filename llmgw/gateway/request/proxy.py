@@ -53,9 +53,10 @@ from llmgw.gateway.request.body import (
     wrong_endpoint,
 )
 from llmgw.gateway.request.context import RequestContext, context_of
-from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
+from llmgw.gateway.request.lease import Demand
 from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.relay import (
     Answer,
     Outgoing,
@@ -67,20 +68,19 @@ from llmgw.gateway.request.relay import (
     unreserve,
 )
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
-from llmgw.gateway.request.routing import (
+from llmgw.gateway.request.usage import Meter, prompt_estimate
+from llmgw.gateway.settings import VIA_HEADER, Settings
+from llmgw.gateway.state import metrics
+from llmgw.gateway.state.health import Health
+from llmgw.gateway.state.outlier import Outliers, RetryBudget
+from llmgw.gateway.state.routes import (
     COUNTING,
     ENDPOINTS_FOR_TASK,
     GATEWAY_PATHS,
     Model,
     Replica,
-    prefix_key,
 )
-from llmgw.gateway.request.upstream import Reply, Upstream
-from llmgw.gateway.request.usage import Meter, prompt_estimate
-from llmgw.gateway.server.config import VIA_HEADER, Settings
-from llmgw.gateway.state import metrics
-from llmgw.gateway.state.health import Health
-from llmgw.gateway.state.outlier import Outliers, RetryBudget
+from llmgw.gateway.upstream import Reply, Upstream
 
 log = logging.getLogger("llmgw.gateway")
 

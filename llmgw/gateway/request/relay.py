@@ -18,10 +18,10 @@ from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, STALLED, Disconnect
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.rename import EventRename, JsonRename
-from llmgw.gateway.request.routing import GATEWAY_PATHS, InFlight
-from llmgw.gateway.request.upstream import Reply
 from llmgw.gateway.request.usage import Meter
 from llmgw.gateway.state import metrics
+from llmgw.gateway.state.routes import GATEWAY_PATHS, InFlight
+from llmgw.gateway.upstream import Reply
 
 log = logging.getLogger("llmgw.gateway")
 

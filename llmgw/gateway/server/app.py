@@ -31,20 +31,20 @@ from llmgw.gateway.pages.resources import (
 )
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import Request
-from llmgw.gateway.request.demand import Demand
+from llmgw.gateway.request.lease import Demand
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
-from llmgw.gateway.request.routing import GATEWAY_PATHS, RouteTable
-from llmgw.gateway.request.upstream import FastTransport, Upstream
-from llmgw.gateway.server.config import Settings, settings_from_env
+from llmgw.gateway.settings import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.keys import Keys, keys_from_settings
 from llmgw.gateway.state.outlier import Outliers, RetryBudget, replica_states
 from llmgw.gateway.state.rates import Samples
 from llmgw.gateway.state.reload import PlanState, settle_heap
+from llmgw.gateway.state.routes import GATEWAY_PATHS, RouteTable
+from llmgw.gateway.upstream import FastTransport, Upstream
 
 log = logging.getLogger("llmgw.gateway")
 

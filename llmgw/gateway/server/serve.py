@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.errors import PlanError, UsageError
-from llmgw.gateway.server.config import settings_from_env
 from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
+from llmgw.gateway.settings import settings_from_env
 from llmgw.gateway.state.keys import keys_from_settings
 from llmgw.gateway.state.reload import last_good_path, read_table
 

@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.routing import Replica
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.reload import PlanState
+from llmgw.gateway.state.routes import Replica
 from llmgw.plan import Plan
 
 log = logging.getLogger("llmgw.gateway")
