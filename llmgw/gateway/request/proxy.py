@@ -9,7 +9,7 @@ The body is read and checked in request/body.py, the answer relayed in request/r
 a client that leaves noticed in request/gone.py; this module decides where a request goes.
 
 The request is checked against the model before any replica is bothered. Then replicas are
-tried best first (see routing.Model.candidates): a refused connection or a 502/503/504 moves
+tried best first (see state/routes.py: Model.candidates): a refused connection or a 502/503/504 moves
 on to the next, because the client has seen nothing yet. Any other 5xx may be the request's
 own doing: it is tried once more elsewhere, and fails the replica only if another replica
 answers; failed twice, the client gets the engine's own error. The response status goes to

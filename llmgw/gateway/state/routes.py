@@ -7,7 +7,7 @@ and in-flight counts describe the engine, not the plan that happened to list it.
 
 A replica endpoint with `discovery: dns` is a name that lists every instance (a Kubernetes
 headless Service, Consul, Nomad): its DnsGroup holds one Replica per address it resolved
-to, and changes as the answers do (gateway.discovery), while the table stays as it is.
+to, and changes as the answers do (state/discovery.py), while the table stays as it is.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Replica:
         # Unknown is not down: a replica is in rotation until checks say otherwise.
         self.healthy = True
         self.failures = 0
-        # Outlier ejection (gateway.outlier): real requests failed in a row, the monotonic
+        # Outlier ejection (state/outlier.py): real requests failed in a row, the monotonic
         # time an ejection ends (0: not ejected), and how many times it has been ejected.
         self.streak = 0
         self.ejected_until = 0.0
