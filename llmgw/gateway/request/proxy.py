@@ -42,6 +42,7 @@ import falcon
 import falcon.asgi
 import httpx
 
+from llmgw.gateway.api import APIS
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.access import Access, check_model
 from llmgw.gateway.request.body import (
@@ -74,9 +75,6 @@ from llmgw.gateway.state import metrics
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
 from llmgw.gateway.state.routes import (
-    COUNTING,
-    ENDPOINTS_FOR_TASK,
-    GATEWAY_PATHS,
     Model,
     Replica,
 )
@@ -100,8 +98,6 @@ _NOT_TAKEN = (
 # Any other 5xx may be the request's own doing; see `Proxy._blame`.
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
-_ASKS_FOR_USAGE = frozenset({"chat", "completion"})
-
 
 class _NotReady(str):
     """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
@@ -123,12 +119,13 @@ class Proxy:
         demand: Demand | None = None,
     ) -> None:
         self.kind = kind
+        self.api = APIS[kind]
         self.demand = demand
         self.outliers = outliers
         self.budget = budget
         self.limiter = limiter
         self.max_response = settings.max_response_bytes
-        self.path = GATEWAY_PATHS[kind]
+        self.path = self.api.path
         self.upstream = upstream
         self.health = health
         self.access = access
@@ -172,24 +169,24 @@ class Proxy:
         model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
         ctx.model = model.name
         check_model(tenant, model, ctx.table)
-        if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
+        if model.task not in self.api.tasks:
             raise wrong_endpoint(model, self.path)
         check_max_tokens(model, request)
         ctx.prompt_estimate = prompt_estimate(body)
         asked = request
         request, most = output_limit(model, self.kind, request)
-        counting = self.kind in COUNTING
+        counting = self.api.counts_only
         window = (
-            # A counting request counts toward rpm and reserves no tokens (see COUNTING).
+            # A counting request counts toward rpm and reserves no tokens (see Api.counts_only).
             self.limiter.admit(tenant, 0 if counting else ctx.prompt_estimate + (most or 0))
             if tenant is not None and self.limiter
             else None
         )
         ctx.reservation = window.reservation if window is not None else None
         meter = Meter(free=counting)
-        # Only chat and completions must be asked for a stream's usage: the Responses and
-        # Messages APIs always send it.
-        if request.get("stream") is True and self.kind in _ASKS_FOR_USAGE:
+        # Only some APIs must be asked for a stream's usage (chat and completions); the
+        # Responses and Messages APIs always send it.
+        if request.get("stream") is True and self.api.asks_for_usage:
             request, meter = ask_for_usage(request)
         if request is not asked:  # written once, whatever the two steps above added
             body = json.dumps(request).encode()

@@ -17,6 +17,7 @@ import falcon
 import falcon.asgi
 import httpx
 
+from llmgw.gateway.api import APIS
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.pages.dashboard import DashboardSnapshot, add_dashboard_routes
 from llmgw.gateway.pages.openapi import OpenApi
@@ -43,7 +44,7 @@ from llmgw.gateway.state.keys import Keys, keys_from_settings
 from llmgw.gateway.state.outlier import Outliers, RetryBudget, replica_states
 from llmgw.gateway.state.rates import Samples
 from llmgw.gateway.state.reload import PlanState, settle_heap
-from llmgw.gateway.state.routes import GATEWAY_PATHS, RouteTable
+from llmgw.gateway.state.routes import RouteTable
 from llmgw.gateway.upstream import FastTransport, Upstream
 
 log = logging.getLogger("llmgw.gateway")
@@ -192,9 +193,9 @@ def create_app(
     app.add_route("/v1/models", models)
     # `path`, because names may hold a slash (org/model, as vLLM serves them).
     app.add_route("/v1/models/{model_id:path}", models, suffix="item")
-    for kind, path in GATEWAY_PATHS.items():
+    for kind, api in APIS.items():
         app.add_route(
-            path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, demand)
+            api.path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, demand)
         )
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())

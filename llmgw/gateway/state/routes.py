@@ -28,38 +28,11 @@ from urllib.parse import urlsplit
 import httpx
 
 from llmgw.errors import PlanError
+from llmgw.gateway.api import APIS, answered_by
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.state import metrics
 from llmgw.gateway.upstream import Target
 from llmgw.plan import Plan, PlanModel, PlanProfile
-
-# Which endpoint a model of each task may be sent to. A chat model also completes raw
-# prompts (llama.cpp and vLLM both serve /v1/completions for it); the reverse is not
-# true: a base model has no chat template, and an embedding model generates nothing.
-# Responses and Messages are chat in another API's words: they need the chat template.
-ENDPOINTS_FOR_TASK = {
-    "chat": frozenset({"chat", "completion", "responses", "messages", "count_tokens", "tokenize"}),
-    "completion": frozenset({"completion", "tokenize"}),
-    "embedding": frozenset({"embedding"}),
-    "rerank": frozenset({"rerank"}),
-}
-# Where each kind of request goes on the engine; the gateway serves them at the same paths,
-# except llama-server's /tokenize, which it serves under /v1 with the rest of the API.
-UPSTREAM_PATHS = {
-    "chat": "/v1/chat/completions",
-    "completion": "/v1/completions",
-    "embedding": "/v1/embeddings",
-    "responses": "/v1/responses",
-    "messages": "/v1/messages",
-    "count_tokens": "/v1/messages/count_tokens",
-    "rerank": "/v1/rerank",
-    "tokenize": "/tokenize",
-}
-GATEWAY_PATHS = {**UPSTREAM_PATHS, "tokenize": "/v1/tokenize"}
-# Requests that count tokens rather than generate them: they count toward a key's rpm, and
-# never its tpm, since a client that counts first would otherwise pay for its prompt twice.
-COUNTING = frozenset({"count_tokens", "tokenize"})
-
 
 # Prefix routing: a replica takes a prefix while it has fewer than this many times the
 # mean requests in flight (plus one); past that the prefix spills to its next replica, so
@@ -111,9 +84,7 @@ class Replica:
         key = (parsed.hostname, port or (443 if scheme == "https" else 80))
         origin, prefix = f"{scheme}://{parsed.netloc}", parsed.path.rstrip("/")
         self.health_url = Target(scheme, key, origin, prefix + "/health")
-        self.urls = {
-            kind: Target(scheme, key, origin, prefix + path) for kind, path in UPSTREAM_PATHS.items()
-        }
+        self.urls = {kind: Target(scheme, key, origin, prefix + api.upstream) for kind, api in APIS.items()}
         self.inflight = 0
         # Unknown is not down: a replica is in rotation until checks say otherwise.
         self.healthy = True
@@ -432,8 +403,7 @@ class RouteTable:
         listing["aliases"] = list(planned.aliases)
         listing["task"] = planned.task
         # What a client may send it to, as paths: a client need not know what a task implies.
-        answers = ENDPOINTS_FOR_TASK[planned.task]
-        listing["endpoints"] = [path for kind, path in GATEWAY_PATHS.items() if kind in answers]
+        listing["endpoints"] = [api.path for api in answered_by(planned.task)]
         if any(p.on_demand for p in planned.profiles):  # absent: always on, as listings were
             listing["start"] = "on-demand"
         return Model(
