@@ -14,12 +14,13 @@ request/    one request's path: its typed context, access (request ids, keys, ac
 schedule/   (reserved) fair scheduling: slots per replica, a queue per key, shares
 state/      what changes under the requests: the served plan and its reloads, the route table
             (routes: names, aliases, tiers, replicas), DNS discovery, health checks, keys,
-            outlier ejection, rates, metrics
+            what is loaded where (loaded), outlier ejection, rates, metrics
 
 Beneath them all, shared by every room:
 
 settings    configuration, read once from the environment when a worker starts
 upstream    the connection pool to the engines
+api         one row per API kind: path, tasks, length fields, usage, error shape
 errors      the OpenAI-shaped error every layer raises
 deploy      `llmgw deploy`: the client that POSTs a plan to a gateway
 

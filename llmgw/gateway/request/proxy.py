@@ -55,7 +55,7 @@ from llmgw.gateway.request.body import (
 )
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
-from llmgw.gateway.request.lease import Demand
+from llmgw.gateway.request.lease import Leases
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.relay import (
@@ -116,11 +116,11 @@ class Proxy:
         outliers: Outliers,
         budget: RetryBudget,
         limiter: Limiter | None = None,
-        demand: Demand | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.kind = kind
         self.api = APIS[kind]
-        self.demand = demand
+        self.leases = leases
         self.outliers = outliers
         self.budget = budget
         self.limiter = limiter
@@ -440,11 +440,11 @@ class Proxy:
         watch.waiting = True
         hold = replica.hold()
         try:
-            if replica.agent is not None and self.demand is not None:
+            if replica.agent is not None and self.leases is not None:
                 # Held here until its agent has the engine ready (a client that leaves
                 # meanwhile cancels the wait); the first-byte allowance starts after.
-                lease = await self.demand.lease(model, replica)
-                hold.after = functools.partial(self.demand.release, replica, lease)
+                lease = await self.leases.lease(model, replica)
+                hold.after = functools.partial(self.leases.release, replica, lease)
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.upstream.post(
                     replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts

@@ -1,2 +1,2 @@
 """What changes under the requests: the served plan, the route table, discovery, health, keys,
-outliers, rates, metrics."""
+what is loaded where, outliers, rates, metrics."""
