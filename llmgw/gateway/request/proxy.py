@@ -56,7 +56,7 @@ from llmgw.gateway.request.body import (
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
 from llmgw.gateway.request.lease import Leases
-from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.limits import Limiter, Window
 from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.relay import (
     Answer,
@@ -146,32 +146,9 @@ class Proxy:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         ctx = context_of(req)
-        if req.get_header(VIA_HEADER) == self.instance:
-            raise ApiError(
-                508,
-                "The gateway received a request it sent itself: an endpoint in the plan points "
-                "at the gateway, not at an engine. Point that replica at the engine's own "
-                "address and port.",
-                type="upstream_error",
-                code="loop_detected",
-            )
-        body = await read_body(
-            req,
-            self.limit,
-            f"The request body is over the gateway's limit of {self.limit} bytes; "
-            "send less input per request (or raise LLMGW_MAX_BODY_BYTES).",
-        )
-        if not body:
-            raise ApiError(400, "The request has no body; send a JSON object with at least `model`.")
-        request = parse_request(body)
+        body, request, model = await self._checked(req, ctx)
         requested = request["model"]
         tenant = ctx.tenant
-        model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
-        ctx.model = model.name
-        check_model(tenant, model, ctx.table)
-        if model.task not in self.api.tasks:
-            raise wrong_endpoint(model, self.path)
-        check_max_tokens(model, request)
         ctx.prompt_estimate = prompt_estimate(body)
         asked = request
         request, most = output_limit(model, self.kind, request)
@@ -199,53 +176,7 @@ class Proxy:
             unreserve(ctx, self.limiter)
             raise
         try:
-            ctx.replica = answer.replica.endpoint
-            upstream = answer.upstream
-            length = upstream.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > self.max_response:
-                await self._refuse_too_large(answer, watch, int(length))
-            resp.status = upstream.status_code
-            if window is not None:
-                resp.set_headers(window.headers())
-            # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
-            # would have a browser render its bytes as a page of this gateway's origin.
-            rename: EventRename | JsonRename
-            if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                resp.content_type = "text/event-stream"
-                # Its first event is in hand (`_open` timed it): that is the first token.
-                metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb or 0.0)
-                rename = EventRename(requested, meter)
-                answer.first = rename.feed(answer.first)
-            else:
-                resp.content_type = falcon.MEDIA_JSON
-                whole = answer.whole(self.max_response)
-                if whole is not None:
-                    # The usual JSON answer came whole in its first chunk: it goes out in
-                    # one piece, and the engine's connection and the replica are free before
-                    # it does, with no relay to run.
-                    watch.stop()
-                    await answer.drop()
-                    parsed = meter.read(whole)
-                    # An engine started with the served name (as llmgw starts every engine:
-                    # llmgw/engines.py) already says what was asked for by that name.
-                    if not (isinstance(parsed, dict) and parsed.get("model") == requested):
-                        whole = renamed(whole, json.dumps(requested).encode(), complete=True)
-                    if upstream.status_code == 400:
-                        whole = context_exceeded(parsed, self.kind) or whole
-                    count_tokens(ctx, meter, upstream.status_code, self.limiter)
-                    if watch.gone:  # left as the answer came: logged as the relay logs it
-                        raise ApiError(CLIENT_GONE, "client went away")
-                    resp.data = whole
-                    return
-                rename = JsonRename(requested)
-                answer.first = rename.feed(answer.first)
-                meter.part(answer.first)
-                meter.whole = True
-                length = upstream.headers.get("content-length")
-                if rename.done and length is not None and length.isdigit():
-                    resp.content_length = int(length) + rename.growth
-            ctx.streaming = True  # the access log's line is the relay's to write, at its end
-            resp.stream = Relay(self, req, answer, watch, rename, meter)
+            await self._respond(req, resp, answer, watch, meter, window, (model, requested))
         except BaseException:
             # Until the Relay owns the answer, the replica's count and the engine's
             # connection are ours to give back.
@@ -253,6 +184,100 @@ class Proxy:
             await answer.drop()
             unreserve(ctx, self.limiter)
             raise
+
+    async def _checked(
+        self, req: falcon.asgi.Request, ctx: RequestContext
+    ) -> tuple[bytes, dict[str, Any], Model]:
+        """The request's body, as read and parsed, and its model: everything checked that can
+        be before any replica is bothered; ApiError for the first thing wrong."""
+        if req.get_header(VIA_HEADER) == self.instance:
+            raise ApiError(
+                508,
+                "The gateway received a request it sent itself: an endpoint in the plan points "
+                "at the gateway, not at an engine. Point that replica at the engine's own "
+                "address and port.",
+                type="upstream_error",
+                code="loop_detected",
+            )
+        body = await read_body(
+            req,
+            self.limit,
+            f"The request body is over the gateway's limit of {self.limit} bytes; "
+            "send less input per request (or raise LLMGW_MAX_BODY_BYTES).",
+        )
+        if not body:
+            raise ApiError(400, "The request has no body; send a JSON object with at least `model`.")
+        request = parse_request(body)
+        requested = request["model"]
+        tenant = ctx.tenant
+        model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
+        ctx.model = model.name
+        check_model(tenant, model, ctx.table)
+        if model.task not in self.api.tasks:
+            raise wrong_endpoint(model, self.path)
+        check_max_tokens(model, request)
+        return body, request, model
+
+    async def _respond(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        answer: Answer,
+        watch: Disconnect,
+        meter: Meter,
+        window: Window | None,
+        named: tuple[Model, str],
+    ) -> None:
+        """Send the answer on: whole when it came in one piece, else through a Relay."""
+        ctx = context_of(req)
+        model, requested = named
+        ctx.replica = answer.replica.endpoint
+        upstream = answer.upstream
+        length = upstream.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_response:
+            await self._refuse_too_large(answer, watch, int(length))
+        resp.status = upstream.status_code
+        if window is not None:
+            resp.set_headers(window.headers())
+        # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
+        # would have a browser render its bytes as a page of this gateway's origin.
+        rename: EventRename | JsonRename
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            resp.content_type = "text/event-stream"
+            # Its first event is in hand (`_open` timed it): that is the first token.
+            metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb or 0.0)
+            rename = EventRename(requested, meter)
+            answer.first = rename.feed(answer.first)
+        else:
+            resp.content_type = falcon.MEDIA_JSON
+            whole = answer.whole(self.max_response)
+            if whole is not None:
+                # The usual JSON answer came whole in its first chunk: it goes out in
+                # one piece, and the engine's connection and the replica are free before
+                # it does, with no relay to run.
+                watch.stop()
+                await answer.drop()
+                parsed = meter.read(whole)
+                # An engine started with the served name (as llmgw starts every engine:
+                # llmgw/engines.py) already says what was asked for by that name.
+                if not (isinstance(parsed, dict) and parsed.get("model") == requested):
+                    whole = renamed(whole, json.dumps(requested).encode(), complete=True)
+                if upstream.status_code == 400:
+                    whole = context_exceeded(parsed, self.kind) or whole
+                count_tokens(ctx, meter, upstream.status_code, self.limiter)
+                if watch.gone:  # left as the answer came: logged as the relay logs it
+                    raise ApiError(CLIENT_GONE, "client went away")
+                resp.data = whole
+                return
+            rename = JsonRename(requested)
+            answer.first = rename.feed(answer.first)
+            meter.part(answer.first)
+            meter.whole = True
+            length = upstream.headers.get("content-length")
+            if rename.done and length is not None and length.isdigit():
+                resp.content_length = int(length) + rename.growth
+        ctx.streaming = True  # the access log's line is the relay's to write, at its end
+        resp.stream = Relay(self, req, answer, watch, rename, meter)
 
     async def _open(
         self,
@@ -287,14 +312,7 @@ class Proxy:
                     if faulted is not None:
                         ctx.ttfb = time.perf_counter() - ctx.start
                         return faulted
-                    raise ApiError(
-                        502,
-                        f"{model.name} could not answer: {last}. The gateway did not try another "
-                        "replica because many requests are failing right now (its retry budget "
-                        "is spent); retry shortly.",
-                        type="upstream_error",
-                        code="upstream_unreachable",
-                    )
+                    raise _budget_spent(model, last)
                 tried += 1
                 served = profile.served_name
                 if served == requested:
@@ -334,8 +352,12 @@ class Proxy:
             # error says more than a 502 would.
             ctx.ttfb = time.perf_counter() - ctx.start
             return faulted
+        raise self._none_answered(model, tried, not_ready, last)
+
+    def _none_answered(self, model: Model, tried: int, not_ready: int, last: str) -> ApiError:
+        """Why no replica answered: none in rotation, every one still loading, or every one failed."""
         if not tried:
-            raise ApiError(
+            return ApiError(
                 503,
                 f"No replica of {model.name} is in rotation right now"
                 + ("" if model.has_replicas() else " (the plan places none)")
@@ -345,7 +367,7 @@ class Proxy:
                 headers={"Retry-After": self.retry_after},
             )
         if not_ready == tried:
-            raise ApiError(
+            return ApiError(
                 503,
                 f"{model.name} is not ready yet: its engine is still loading ({last}). "
                 f"Retry in {self.retry_after}s; /dashboard shows when it is in rotation.",
@@ -353,7 +375,7 @@ class Proxy:
                 code="model_not_ready",
                 headers={"Retry-After": self.retry_after},
             )
-        raise ApiError(
+        return ApiError(
             502,
             f"Every replica of {model.name} failed ({tried} tried; last: {last}). "
             "Retry shortly; if it persists, the engines need attention.",
@@ -471,3 +493,12 @@ class Proxy:
         return Answer(upstream, hold, chunks, first)
 
 
+def _budget_spent(model: Model, last: str) -> ApiError:
+    return ApiError(
+        502,
+        f"{model.name} could not answer: {last}. The gateway did not try another "
+        "replica because many requests are failing right now (its retry budget "
+        "is spent); retry shortly.",
+        type="upstream_error",
+        code="upstream_unreachable",
+    )
