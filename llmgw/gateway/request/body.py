@@ -8,9 +8,10 @@ from typing import Any
 
 import falcon.asgi
 
+from llmgw.gateway.api import APIS, LENGTH_FIELDS, answered_by
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.routing import ENDPOINTS_FOR_TASK, GATEWAY_PATHS, Model
 from llmgw.gateway.request.usage import Meter
+from llmgw.gateway.state.routes import Model
 
 
 async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> bytes:
@@ -119,7 +120,7 @@ def parse_request(body: bytes) -> dict[str, Any]:
 
 
 def wrong_endpoint(model: Model, path: str) -> ApiError:
-    paths = [path for kind, path in GATEWAY_PATHS.items() if kind in ENDPOINTS_FOR_TASK[model.task]]
+    paths = [api.path for api in answered_by(model.task)]
     right = " or ".join(paths) if len(paths) < 3 else ", ".join(paths[:-1]) + " or " + paths[-1]
     return ApiError(
         400,
@@ -133,22 +134,8 @@ def _article(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
 
 
-# One row per generating API kind: every field its engines obey as the answer's length limit,
-# the API's own first (the one the gateway writes when a request sets none). llama-server
-# reads `n_predict` before the OpenAI fields on every API (its Responses and Messages
-# endpoints pass unknown fields on to its chat), vLLM the OpenAI ones. Reserving by the first
-# field given let `{"max_tokens": 1, "n_predict": 500}` reserve 1 token and write 500.
-# (Belongs in the table of API kinds, gateway/api.py, once there is one.)
-LENGTH_FIELDS = {
-    "chat": ("max_tokens", "max_completion_tokens", "n_predict"),
-    "completion": ("max_tokens", "n_predict"),
-    "messages": ("max_tokens", "n_predict"),
-    "responses": ("max_output_tokens", "max_tokens", "n_predict"),
-}
-
-# Every length field, checked on every request: checking only the OpenAI ones let
-# `n_predict` past max_output.
-_TOKEN_LIMITS = tuple(dict.fromkeys(field for row in LENGTH_FIELDS.values() for field in row))
+# Every kind's length fields are checked on every request (api.LENGTH_FIELDS): checking only
+# the OpenAI ones let llama.cpp's `n_predict` past max_output.
 
 
 def output_limit(model: Model, kind: str, request: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
@@ -156,10 +143,11 @@ def output_limit(model: Model, kind: str, request: dict[str, Any]) -> tuple[dict
     its own (a request without one, with `ignore_eos`, ran until the context was full): a new
     dict then, in each API's own field (the Responses API's `max_output_tokens`); and the most
     tokens its answer may have, None when nothing bounds it: the largest of the fields its
-    engine obeys, at most `max_output`. Requests that generate nothing (embeddings, rerank,
-    counting) get no limit."""
-    fields = LENGTH_FIELDS.get(kind)
-    if fields is None:
+    engine obeys, at most `max_output`. Reserving by the first field given let
+    `{"max_tokens": 1, "n_predict": 500}` reserve 1 token and write 500. Requests that
+    generate nothing (embeddings, rerank, counting) get no limit."""
+    fields = APIS[kind].length_fields
+    if not fields:
         return request, None
     given = [value for field in fields if (value := request.get(field)) is not None]
     if any(not isinstance(v, int) or v < 1 for v in given):
@@ -173,7 +161,7 @@ def output_limit(model: Model, kind: str, request: dict[str, Any]) -> tuple[dict
 
 
 def check_max_tokens(model: Model, request: dict[str, Any]) -> None:
-    for field in _TOKEN_LIMITS:
+    for field in LENGTH_FIELDS:
         value = request.get(field)
         if value is None:
             continue
