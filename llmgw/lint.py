@@ -19,7 +19,7 @@ from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec, Node
 from llmgw.place import Placement, place
 from llmgw.plan import Plan, cycle_collector_paused, file_sha256
-from llmgw.rules import demand, run_rules
+from llmgw.rules import on_demand, run_rules
 from llmgw.rules.context import Context
 from llmgw.validate import check_document, schema_findings
 
@@ -91,7 +91,7 @@ def _lint(catalog: Path, fleet_path: Path, previous: Plan | None, kubernetes: bo
     changed = changed_since(previous, documents)
     findings.extend(run_rules(Context(entries, fleet, changed)))
     if kubernetes:
-        findings.extend(demand.unsupported_on_kubernetes(entries))
+        findings.extend(on_demand.unsupported_on_kubernetes(entries))
     placement = place(entries, fleet, previous, changed)
     findings.extend(placement.findings)
     findings.sort()
