@@ -17,6 +17,7 @@ import click
 from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.build import KubernetesTarget, build_plan
+from llmgw.engines import names
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.keys import (
     add_key,
@@ -680,14 +681,14 @@ def render_group() -> None:
     "images",
     multiple=True,
     metavar="ENGINE=IMAGE",
-    help="An engine's container image (llamacpp, llamacpp-gpu, vllm). Repeatable.",
+    help=f"An engine's container image ({', '.join(names())}; ENGINE-gpu for its GPU build). Repeatable.",
 )
 @click.option(
     "--executable",
     "executables",
     multiple=True,
     metavar="ENGINE=PATH",
-    help="Where the engine's program is in its image (llamacpp, vllm). Repeatable.",
+    help=f"Where the engine's program is in its image ({', '.join(names())}). Repeatable.",
 )
 @click.option("--gateway-image", default=None, help="The image built from the Containerfile [llmgw:VERSION].")
 @click.option("--gateway-replicas", type=int, default=2, show_default=True)

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.catalogue import Entry
+from llmgw.engines import engine, gpus_for, without_gpus
 from llmgw.findings import Finding
-from llmgw.model import GPU_ENGINES, Fleet, Node, Profile
+from llmgw.model import Fleet, Node, Profile
 from llmgw.plan import Plan
 
 ReplicaKey = tuple[str, str, int]  # model, profile, index
@@ -30,7 +31,7 @@ REPORTS_ENGINE, REPORTS_NOTHING, LACKS_ENGINE = 0, 1, 2
 
 def capacity_gb(node: Node, profile: Profile) -> float:
     """What one replica of `profile` can use on `node`: GPU memory when it asks for GPUs."""
-    gpus = profile.gpus_needed
+    gpus = gpus_for(profile)
     if gpus:
         return node.gpu_memory_gb * min(gpus, node.gpu_count)
     return node.memory_gb
@@ -39,9 +40,9 @@ def capacity_gb(node: Node, profile: Profile) -> float:
 def room_on(node: Node, profile: Profile) -> str:
     """`cpu-2, has 32 GB`, or for GPUs how the figure is made, since "2 GPU(s) of 160 GB" once
     read as two 160 GB cards: `gpu-2, gives it 80 GB: 1 of its 2 GPUs of 80 GB each`."""
-    if not profile.gpus_needed:
+    if not gpus_for(profile):
         return f"{node.name}, has {node.memory_gb:g} GB"
-    used = min(profile.gpus_needed, node.gpu_count)
+    used = min(gpus_for(profile), node.gpu_count)
     each = f"{node.gpu_memory_gb:g} GB each"
     cards = f"GPU{'' if node.gpu_count == 1 else 's'}"
     share = (
@@ -329,7 +330,7 @@ def _wants(entries: list[Entry]) -> list[_Want]:
             if profile.external or memory is None:
                 continue
             for i in range(entry.spec.replicas_for(profile)):
-                wants.append(_Want(entry, profile, i, memory.gb, profile.gpus_needed))
+                wants.append(_Want(entry, profile, i, memory.gb, gpus_for(profile)))
     return wants
 
 
@@ -542,7 +543,7 @@ def _why_short(
 ) -> Finding | None:
     want = missing[0]
     entry, profile = want.entry, want.profile
-    key = (tuple(sorted(profile.node_selector.items())), profile.gpus_needed)
+    key = (tuple(sorted(profile.node_selector.items())), gpus_for(profile))
     if key not in known:
         known[key] = _Eligible(fleet.matching(profile.node_selector), profile)
     eligible = known[key]
@@ -562,9 +563,8 @@ def _why_short(
             f"a replica needs {want.gpus} GPU(s) and the {where} {has}. "
             "Lower gpus, or add a node with more GPUs."
         )
-        if not any(n.gpu_count for n in fleet.nodes) and profile.engine in GPU_ENGINES:
-            reason += (f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
-                       "the same model runs on the CPU nodes with engine llamacpp.")
+        if not any(n.gpu_count for n in fleet.nodes) and engine(profile.engine).needs_gpu:
+            reason += without_gpus(profile.engine)
     elif not eligible.fits_somewhere(want.need_gb):
         largest = eligible.largest()
         memory = entry.memory(profile)

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from typing import cast
 
 from llmgw.catalogue import Entry
+from llmgw.engines import engine, without_gpus
 from llmgw.findings import Finding
-from llmgw.model import GPU_ENGINES, Fleet, Profile
+from llmgw.model import Fleet, Profile
 from llmgw.rules.context import Context
 
 
@@ -44,11 +45,8 @@ def _check_profile(entry: Entry, profile: Profile, fleet: Fleet, may_run: bool |
         f"no node matching {_selector(profile)} reports engine {profile.engine}; replicas "
         "are placed there anyway and will not start until it is installed."
     )
-    if profile.engine in GPU_ENGINES and not any(n.gpu_count for n in fleet.nodes):
-        message += (
-            f" {profile.engine} needs a GPU and this fleet has none: a GGUF build of "
-            "the same model runs on the CPU nodes with engine llamacpp."
-        )
+    if engine(profile.engine).needs_gpu and not any(n.gpu_count for n in fleet.nodes):
+        message += without_gpus(profile.engine)
     yield entry.doc.finding("warning", "engine-unavailable", (*path, "engine"), message)
 
 
