@@ -87,7 +87,8 @@ def test_a_toy_engine_gets_its_image_and_probe_in_the_manifests(tmp_path, toy: T
 
 def test_a_toy_engine_is_asked_for_its_gpus_context_and_memory(toy: Toy) -> None:
     profiles = [{"name": "p", "engine": "toy"}]
-    spec = ModelSpec.model_validate({"name": "a", "source": "/w/a", "context_length": 4096, "profiles": profiles})
+    fields = {"name": "a", "source": "/w/a", "context_length": 4096}
+    spec = ModelSpec.model_validate({**fields, "profiles": profiles})
     [profile] = spec.profiles
     assert gpus_for(profile) == 1, "an engine that needs a GPU asks for one unless told"
     assert ctx_size_for(spec, profile) == 4096
