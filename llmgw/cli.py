@@ -21,7 +21,6 @@ from llmgw.engines import names
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.keys import (
     add_key,
-    add_keys_findings,
     catalogue_names,
     key_name_is_valid,
     patterns_matching_nothing,
@@ -122,18 +121,24 @@ def lint_command(
     out = sys.stdout
     previous = read_previous(previous_path) if previous_path else None
     try:
-        result = lint(catalog, fleet_path, previous=previous)
+        result = lint(catalog, fleet_path, previous=previous, keys=_keys_file(keys_path))
     except FleetError as exc:
         if fmt == "text":
             raise  # the sentence and its findings, on stderr, as for any error
         reporter(exc.findings, out, color=False)
         click.echo(f"llmgw: cannot use the fleet inventory {fleet_path}; fix it first.", err=True)
         sys.exit(EXIT_CANNOT_RUN)
-    add_keys_findings(result, keys_path, previous)
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
         click.echo(_summary(result), err=True)
     sys.exit(_lint_exit_code(result, strict))
+
+
+def _keys_file(keys_path: Path | None) -> Path | None:
+    """Without --keys, a keys.yaml in the working folder is the one checked."""
+    if keys_path is None and Path("keys.yaml").is_file():
+        return Path("keys.yaml")
+    return keys_path
 
 
 def _summary(result: LintResult) -> str:
@@ -194,8 +199,9 @@ def plan_command(
     """
     kubernetes = _kubernetes_target(target, namespace, cluster_domain)
     previous = read_previous(previous_path) if previous_path else None
-    result = lint(catalog, fleet_path, previous=previous, kubernetes=kubernetes is not None)
-    add_keys_findings(result, keys_path, previous)
+    result = lint(
+        catalog, fleet_path, previous=previous, kubernetes=kubernetes is not None, keys=_keys_file(keys_path)
+    )
     errors, _ = result.counts()
     if errors:
         REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))
