@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw import __version__
+from llmgw.capacity import Slot
 from llmgw.catalogue import Entry
 from llmgw.engines import ctx_size_for, gpus_for
 from llmgw.errors import PlanError
 from llmgw.lint import LintResult
 from llmgw.model import Node, Profile
-from llmgw.place import Slot
 from llmgw.plan import (
     FORMAT_VERSION,
     FileRef,
