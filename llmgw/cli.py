@@ -10,9 +10,11 @@ import datetime
 import os
 import re
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
+from click.decorators import FC
 
 from llmgw import __version__
 from llmgw.atomic import replace_file
@@ -81,6 +83,12 @@ previous_option = click.option(
 )
 
 
+def format_option(reporters: Mapping[str, object]) -> Callable[[FC], FC]:
+    """`--format`, its choices the reporters a command has; text unless told."""
+    choices = click.Choice(sorted(reporters))
+    return click.option("--format", "fmt", type=choices, default="text", show_default=True)
+
+
 keys_option = click.option(
     "--keys",
     "keys_path",
@@ -93,13 +101,7 @@ keys_option = click.option(
 @main.command("lint")
 @catalog_argument
 @fleet_option
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(sorted(REPORTERS)),
-    default="text",
-    show_default=True,
-)
+@format_option(REPORTERS)
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
 @previous_option
 @keys_option
@@ -253,13 +255,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 @main.command("inspect")
 @click.argument("source")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(sorted(INSPECT_REPORTERS)),
-    default="text",
-    show_default=True,
-)
+@format_option(INSPECT_REPORTERS)
 @click.option(
     "--write",
     is_flag=True,
@@ -301,13 +297,7 @@ def inspect_command(source: str, fmt: str, write: bool) -> None:
 @main.command("diff")
 @click.argument("old", type=click.Path(path_type=Path))
 @click.argument("new", type=click.Path(path_type=Path))
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(sorted(DIFF_REPORTERS)),
-    default="text",
-    show_default=True,
-)
+@format_option(DIFF_REPORTERS)
 @click.option(
     "--detailed-exitcode",
     is_flag=True,
