@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.node.demand import Engine, NoRoom, engines_to_stop
+from llmgw.node.leases import Engine, NoRoom, engines_to_stop
 from tests.node.agents import Agent, Fleet, alive, chat_model, wait_for
 
 TOKEN = "a-token-for-tests"

@@ -259,7 +259,7 @@ class Proxy:
                 await answer.drop()
                 parsed = meter.read(whole)
                 # An engine started with the served name (as llmgw starts every engine:
-                # llmgw/engines.py) already says what was asked for by that name.
+                # llmgw/engines/) already says what was asked for by that name.
                 if not (isinstance(parsed, dict) and parsed.get("model") == requested):
                     whole = renamed(whole, json.dumps(requested).encode(), complete=True)
                 if upstream.status_code == 400:

@@ -7,6 +7,14 @@ Before a start, room is made by memory: the least recently used on-demand engine
 leases are stopped until the new one fits beside the node's always-on replicas by the plan's
 figures and by what the machine really has free (MemAvailable), since the plan's figures
 alone once let a model start into a machine whose page cache and other tenants had taken it.
+
+An acquire or release that cannot be done is a `Refusal`, answered to the gateway as HTTP
+with the sentence and its fields (status.py):
+
+    Refusal         400  a body the agent cannot read
+      NotOnDemand   404  the endpoint is always on, or no replica of this node's plan
+      NoRoom        409  it does not fit, or its GPUs are held by engines with leases
+      NotReady      503  it was not ready in time, or failed to start
 """
 
 from __future__ import annotations
