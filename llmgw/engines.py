@@ -11,6 +11,8 @@ the node agent calls it, and so does every renderer for another orchestrator.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 from collections.abc import Mapping
@@ -143,3 +145,13 @@ def engine_command(
     # Set even when empty: an engine given no GPUs must not grab every card on the node.
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in replica.gpu_ids)}
     return EngineCommand((*argv, *profile.args), env)
+
+
+def replica_fingerprint(model: PlanModel, profile: PlanProfile, replica: PlanReplica, host: str) -> str:
+    """What decides whether a running engine still matches the plan: its command line as the
+    plan gives it (the source, not the downloaded path) and the expected weights. The agent
+    keeps an engine whose fingerprint is unchanged, and reports it, so `llmgw status` can say
+    whether the engine running is the one the plan asks for."""
+    command = engine_command(model, profile, replica, weights=model.source, host=host)
+    text = json.dumps([command.argv, command.env, model.weights_bytes])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
