@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.gateway.harness import ROOT
+from tests.gateway.harness import ROOT, gateway, wait_until
 from tests.node.agents import Agent, Fleet, chat_model
 
 ON_DEMAND = "    start: on-demand\n    idle_stop: 60s\n"
@@ -182,3 +183,31 @@ def test_wait_gives_up_with_exit_1_and_the_last_answer(fleet: Fleet) -> None:
     assert code == 1 and time.monotonic() - started < 30
     assert "OutOfSync" in out and "Missing" in out and "does not answer" in out, out
 
+
+
+def test_the_dashboard_shows_the_same_two_words_per_model(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    agent = start_agent(
+        agents, fleet, bin_dir, {"a.yaml": chat_model("a"), "lazy.yaml": chat_model("lazy") + ON_DEMAND}
+    )
+    agent.wait_state("a", "ready")
+    with gateway(fleet.plan_path) as gw:
+
+        def words() -> dict[str, tuple[str, str]] | None:
+            models = httpx.get(gw.url + "/dashboard/status.json", timeout=10).json()["models"]
+            found = {n: (m.get("sync"), m.get("fleet_health")) for n, m in models.items()}
+            return found if found == {"a": ("Synced", "Healthy"), "lazy": ("Synced", "Suspended")} else None
+
+        wait_until(words, 30, "the dashboard to say what llmgw status says")
+        page = httpx.get(gw.url + "/", timeout=10).text
+        assert "Synced" in page and "Suspended" in page
+        agent.stop()
+        wait_until(
+            lambda: httpx.get(gw.url + "/dashboard/status.json", timeout=10).json()["models"]["a"].get(
+                "fleet_health"
+            )
+            == "Missing",
+            30,
+            "the dashboard to say the stopped agent's model is Missing",
+        )
