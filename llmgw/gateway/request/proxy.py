@@ -78,7 +78,7 @@ from llmgw.gateway.request.routing import (
 from llmgw.gateway.request.upstream import Reply, Upstream
 from llmgw.gateway.request.usage import Meter, prompt_estimate
 from llmgw.gateway.server.config import VIA_HEADER, Settings
-from llmgw.gateway.state import metrics
+from llmgw.gateway.state import metrics, tracing
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
 
@@ -169,6 +169,7 @@ class Proxy:
         request = parse_request(body)
         requested = request["model"]
         tenant = ctx.tenant
+        tracing.begin(self.kind, requested, request, req.headers, tenant.name if tenant is not None else None)
         model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
         ctx.model = model.name
         check_model(tenant, model, ctx.table)
@@ -203,6 +204,7 @@ class Proxy:
             raise
         try:
             ctx.replica = answer.replica.endpoint
+            tracing.served_by(ctx.replica, model.name)
             upstream = answer.upstream
             length = upstream.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.max_response:
@@ -229,6 +231,7 @@ class Proxy:
                     watch.stop()
                     await answer.drop()
                     parsed = meter.read(whole)
+                    tracing.answer(parsed)
                     # An engine started with the served name (as llmgw starts every engine:
                     # llmgw/engines.py) already says what was asked for by that name.
                     if not (isinstance(parsed, dict) and parsed.get("model") == requested):
@@ -271,6 +274,7 @@ class Proxy:
             (b"content-type", b"application/json"),
             (b"x-request-id", ctx.request_id.encode()),
             (VIA_HEADER.encode(), self.instance.encode()),
+            *tracing.propagation(),  # the engine's spans join this request's trace
         ]
         rewritten: dict[str, bytes] = {}
         tried = not_ready = 0
@@ -299,6 +303,8 @@ class Proxy:
                         code="upstream_unreachable",
                     )
                 tried += 1
+                if tried > 1:
+                    tracing.retried(replica.endpoint, last)
                 served = profile.served_name
                 if served == requested:
                     content = body
@@ -446,7 +452,8 @@ class Proxy:
             if replica.agent is not None and self.demand is not None:
                 # Held here until its agent has the engine ready (a client that leaves
                 # meanwhile cancels the wait); the first-byte allowance starts after.
-                lease = await self.demand.lease(model, replica)
+                with tracing.waiting("engine load", replica.endpoint):
+                    lease = await self.demand.lease(model, replica)
                 hold.after = functools.partial(self.demand.release, replica, lease)
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.upstream.post(

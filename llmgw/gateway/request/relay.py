@@ -21,7 +21,7 @@ from llmgw.gateway.request.rename import EventRename, JsonRename
 from llmgw.gateway.request.routing import GATEWAY_PATHS, InFlight
 from llmgw.gateway.request.upstream import Reply
 from llmgw.gateway.request.usage import Meter
-from llmgw.gateway.state import metrics
+from llmgw.gateway.state import metrics, tracing
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -305,6 +305,7 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
         meter.finish()
         if meter.prompt is not None:
             prompt, completion = meter.prompt, meter.completion or 0
+            tracing.usage(prompt, meter.completion)
         elif status < 400:
             # Cut short (the client left, or the engine broke off) before usage came: the
             # prompt was read all the same, and each event relayed carried about a token,
