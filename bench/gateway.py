@@ -63,6 +63,7 @@ class _Client(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.done: asyncio.Future[int] | None = None
         self.transport: asyncio.Transport | None = None
+        self.address: tuple[str, int] = ("", 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -80,6 +81,11 @@ class _Client(asyncio.Protocol):
 
     async def request(self) -> int:
         assert self.transport is not None
+        if self.transport.is_closing():
+            # Idle past gunicorn's 2 s keep-alive while the other targets took their turn (a
+            # loaded machine): connected again, in the first request's time of a block.
+            await asyncio.get_running_loop().create_connection(lambda: self, *self.address)
+            self.parser = httptools.HttpResponseParser(self)
         self.done = asyncio.get_running_loop().create_future()
         self.transport.write(self.head)
         return await self.done
@@ -89,6 +95,7 @@ async def _connect(url: str, path: str) -> _Client:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     loop = asyncio.get_running_loop()
     _, client = await loop.create_connection(lambda: _Client(host, path), host, int(port))
+    client.address = (host, int(port))
     return client
 
 
