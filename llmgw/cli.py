@@ -27,8 +27,8 @@ from llmgw.keys import (
     key_name_is_valid,
     patterns_matching_nothing,
 )
-from llmgw.lint import LintResult, lint
-from llmgw.plan import dump_plan, read_plan, read_previous
+from llmgw.lint import LintResult, lint, read_fleet
+from llmgw.plan import Plan, dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
 from llmgw.report.diff_formats import DIFF_REPORTERS
 from llmgw.report.inspect_formats import INSPECT_REPORTERS
@@ -549,6 +549,52 @@ def deploy_command(plan_path: Path, gateway_url: str) -> None:
         click.echo(warning, err=True)
     digest = deploy(plan_path, gateway_url)
     click.echo(f"{gateway_url} now serves {digest}.")
+
+
+@main.command("status")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Ask again until the fleet runs the plan, for at most this long.")
+@click.option("--fleet", "fleet_path", type=click.Path(path_type=Path), default=None,
+              help="The fleet file giving each agent's port [the one the plan was made from].")
+def status_command(plan_path: Path, as_json: bool, wait_s: float | None, fleet_path: Path | None) -> None:
+    """Ask each node's agent whether it runs PLAN: per model Synced or OutOfSync, and Healthy,
+    Progressing, Degraded, Missing or Suspended. Exit 0 when every model is Synced and Healthy
+    or Suspended, 1 otherwise."""
+    from llmgw.report.fleet_status import REPORTERS as FLEET_REPORTERS
+    from llmgw.status import FleetStatus, agent_urls, fleet_status, wait_for_fleet
+
+    plan = read_plan(plan_path)
+    if plan.target is not None:
+        raise UsageError(
+            f"{plan_path} is planned for {plan.target.kind}, which runs the replicas itself; ask "
+            "its own tools (Argo CD, Flux, kubectl rollout status) whether it runs them."
+        )
+    urls = agent_urls(plan, _agent_ports(plan, fleet_path))
+    report = FLEET_REPORTERS["json" if as_json else "text"]
+    if wait_s is None:
+        status = fleet_status(plan, urls)
+    else:
+        # People watching see each change as it comes; a machine reads the last answer only.
+        def heard(status: FleetStatus) -> None:
+            report(status, sys.stdout)
+            click.echo("")
+
+        status = wait_for_fleet(plan, urls, wait_s, heard=None if as_json else heard)
+    if as_json or wait_s is None:
+        report(status, sys.stdout)
+    sys.exit(0 if status.ok else 1)
+
+
+def _agent_ports(plan: Plan, fleet_path: Path | None) -> dict[str, int]:
+    """Each node's agent_port from the fleet file: the one given, else the plan's own input
+    when it is still where the plan was made (a deploy's checkout, `up`'s state folder)."""
+    path = fleet_path if fleet_path is not None else Path(plan.inputs.fleet.path)
+    if fleet_path is None and not path.is_file():
+        return {}
+    fleet, _ = read_fleet(path)
+    return {node.name: node.agent_port for node in fleet.nodes}
 
 
 # Running the plan: the node agent, and `up` for a whole fleet on this one machine.

@@ -71,7 +71,7 @@ from llmgw.gateway.request.relay import (
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
 from llmgw.gateway.request.usage import Meter, prompt_estimate
 from llmgw.gateway.settings import VIA_HEADER, Settings
-from llmgw.gateway.state import metrics
+from llmgw.gateway.state import metrics, tracing
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
 from llmgw.gateway.state.routes import (
@@ -210,6 +210,7 @@ class Proxy:
         request = parse_request(body)
         requested = request["model"]
         tenant = ctx.tenant
+        tracing.begin(self.kind, requested, request, req.headers, tenant.name if tenant is not None else None)
         model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
         ctx.model = model.name
         check_model(tenant, model, ctx.table)
@@ -232,6 +233,7 @@ class Proxy:
         ctx = context_of(req)
         model, requested = named
         ctx.replica = answer.replica.endpoint
+        tracing.served_by(ctx.replica, model.name)
         upstream = answer.upstream
         length = upstream.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_response:
@@ -258,6 +260,7 @@ class Proxy:
                 watch.stop()
                 await answer.drop()
                 parsed = meter.read(whole)
+                tracing.answer(parsed)
                 # An engine started with the served name (as llmgw starts every engine:
                 # llmgw/engines/) already says what was asked for by that name.
                 if not (isinstance(parsed, dict) and parsed.get("model") == requested):
@@ -293,6 +296,7 @@ class Proxy:
             (b"content-type", b"application/json"),
             (b"x-request-id", ctx.request_id.encode()),
             (VIA_HEADER.encode(), self.instance.encode()),
+            *tracing.propagation(),  # the engine's spans join this request's trace
         ]
         rewritten: dict[str, bytes] = {}
         tried = not_ready = 0
@@ -314,6 +318,8 @@ class Proxy:
                         return faulted
                     raise _budget_spent(model, last)
                 tried += 1
+                if tried > 1:
+                    tracing.retried(replica.endpoint, last)
                 served = profile.served_name
                 if served == requested:
                     content = body
@@ -469,7 +475,8 @@ class Proxy:
                     raise ApiError(CLIENT_GONE, "client went away")
                 # Held here until its agent has the engine ready (a client that leaves
                 # meanwhile cancels the wait); the first-byte allowance starts after.
-                lease = await self.leases.lease(model, replica)
+                with tracing.waiting("engine load", replica.endpoint):
+                    lease = await self.leases.lease(model, replica)
                 hold.after = functools.partial(self.leases.release, replica, lease)
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.upstream.post(

@@ -20,7 +20,7 @@ from llmgw.gateway.request.gone import CLIENT_GONE, STALLED, Disconnect
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.rename import EventRename, JsonRename
 from llmgw.gateway.request.usage import Meter
-from llmgw.gateway.state import metrics
+from llmgw.gateway.state import metrics, tracing
 from llmgw.gateway.state.routes import InFlight
 from llmgw.gateway.upstream import Reply
 
@@ -307,6 +307,7 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
         meter.finish()
         if meter.prompt is not None and meter.final:
             prompt, completion = meter.prompt, meter.completion or 0
+            tracing.usage(prompt, meter.completion)
         elif status < 400 or meter.prompt is not None:
             # Cut short (the client left, or the engine broke off) before the usage of the
             # whole answer came: the prompt was read all the same, and each event relayed

@@ -39,6 +39,7 @@ from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
 from llmgw.gateway.settings import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
+from llmgw.gateway.state.fleet import FleetWatch
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.keys import Keys, keys_from_settings
 from llmgw.gateway.state.loaded import Loaded
@@ -113,6 +114,7 @@ class Lifecycle:
         loaded: Loaded,
     ) -> None:
         self.loaded = loaded
+        self.fleet = FleetWatch(loaded.client)
         self.state = state
         self.keys = keys
         self.samples = samples
@@ -130,6 +132,8 @@ class Lifecycle:
             loop.create_task(self.samples.watch()),
             # The agents' word on what is loaded, for /v1/models and the dashboard.
             loop.create_task(self.loaded.watch(self.state, max(1.0, self.settings.health_interval))),
+            # What the agents run against the plan, for the dashboard's two words per model.
+            loop.create_task(self.fleet.watch(self.state, max(2.0, self.settings.health_interval))),
         ]
         if self.keys is not None:
             self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
@@ -219,7 +223,7 @@ def create_app(
     key_pages = DashboardKeys(keys, limiter, settings.admin_token)
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
-    _add_dashboard(app, state, keys, samples, loaded, settings.metrics_token, limiter)
+    _add_dashboard(app, state, keys, samples, loaded, settings.metrics_token, limiter, lifecycle.fleet)
     settle_heap()
     return app
 
@@ -232,6 +236,7 @@ def _add_dashboard(
     loaded: Loaded,
     metrics_token: str | None,
     limiter: Limiter | None,
+    fleet: FleetWatch,
 ) -> None:
     def snapshot() -> DashboardSnapshot:
         table = state.table
@@ -244,6 +249,7 @@ def _add_dashboard(
             limits_degraded=limits.reason if limits is not None else None,
             usage=samples.figures(),
             loaded=loaded.loaded_now(table.plan),
+            fleet=fleet.words(table.plan.digest),
             healthy=_healthy(table),
             discovery_errors=tuple(g.error for g in table.groups.values() if g.error),
             replicas=replica_states(table.every_replica().values()),

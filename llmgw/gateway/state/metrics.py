@@ -179,6 +179,12 @@ RETRIES = Counter(
     "Requests tried again on another replica (made), or not because the retry budget was spent (refused).",
     ["result"],
 )
+SPANS_DROPPED = Counter(
+    "llmgw_trace_spans_dropped",
+    "Trace spans lost: the export queue was full (queue_full) or the collector did not take them "
+    "(export_failed).",
+    ["reason"],
+)
 PLAN_INFO = Gauge(
     "llmgw_plan_info",
     "1 for the plan digest a worker serves.",
