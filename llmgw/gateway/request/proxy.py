@@ -186,6 +186,9 @@ class Proxy:
             else None
         )
         ctx.reservation = window.reservation if window is not None else None
+        ctx.spend = window.spend if window is not None else None
+        if ctx.spend is not None:  # on every answer, the engine's errors too
+            resp.set_headers(ctx.spend.headers())
         meter = Meter(free=counting)
         # Only chat and completions must be asked for a stream's usage: the Responses and
         # Messages APIs always send it.
