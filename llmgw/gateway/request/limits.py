@@ -81,6 +81,25 @@ class Spend:
         return self.used >= self.budget.tokens
 
 
+def read_spend(state: Path, name: str, budget: Budget, now: float) -> Spend:
+    """A key's spend this period as a state directory keeps it, read without a gateway (for
+    `llmgw keys`); nothing spent when the directory holds no state yet."""
+    period, reset = spend_period(budget, now)
+    path = state / STATE_FILE_NAME
+    used = 0
+    if path.is_file():
+        db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=5.0)
+        try:
+            query = "SELECT tokens FROM spent WHERE key = ? AND period = ?"
+            row = db.execute(query, (name, period)).fetchone()
+            used = int(row[0]) if row else 0
+        except sqlite3.OperationalError:  # made by a gateway that has not yet spent anything
+            used = 0
+        finally:
+            db.close()
+    return Spend(budget, used, period, reset)
+
+
 def spend_period(budget: Budget, now: float) -> tuple[str, dt.datetime]:
     """The key the period's spend is filed under, and when the next period starts."""
     start, end = budget.period(dt.datetime.fromtimestamp(now, dt.UTC))
