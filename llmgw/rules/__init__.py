@@ -8,7 +8,7 @@ rules/context.py; the model files themselves in llmgw/catalogue.py.
 from __future__ import annotations
 
 from llmgw.findings import Finding
-from llmgw.rules import args, demand, embedding, external, fleet, limits, memory, names, sources
+from llmgw.rules import args, demand, embedding, external, fallbacks, fleet, limits, memory, names, sources
 from llmgw.rules.context import Context, Rule
 
 
@@ -23,6 +23,7 @@ def all_rules() -> list[Rule]:
         memory.check,
         external.check,
         demand.check,
+        fallbacks.check,
     ]
 
 

@@ -138,7 +138,8 @@ def test_a_restart_keeps_the_spend_in_the_state_directory(tmp_path: Path, engine
     assert (tmp_path / "xdg" / "llmgw" / "llmgw-state.sqlite").is_file()
     with gateway(path, **env) as again:
         answer = post(again, DAILY)
-    assert answer.headers["x-llmgw-budget-remaining-tokens"] == "986", "the 14 tokens spent before the restart"
+    remaining = answer.headers["x-llmgw-budget-remaining-tokens"]
+    assert remaining == "986", "the 14 tokens spent before the restart count"
 
 
 @pytest.fixture(scope="module")

@@ -108,6 +108,7 @@ class ModelView:
     description: str | None
     file: str
     profiles: tuple[ProfileView, ...]
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -235,6 +236,7 @@ def _model_view(model: PlanModel) -> ModelView:
         description=(model.description or "").strip() or None,
         file=model.file,
         profiles=profiles,
+        fallbacks=model.fallbacks,
     )
 
 
