@@ -102,6 +102,11 @@ _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
 _ASKS_FOR_USAGE = frozenset({"chat", "completion"})
 
+# The model could not take the request (no replica, its start failed, its wait ran out) or
+# its replicas failed before the first byte: its fallbacks are asked (see `_open_or_fall_back`).
+_FALL_BACK_ON = frozenset({502, 503, 504})
+FALLBACK_HEADER = "x-llmgw-fallback"
+
 
 class _NotReady(str):
     """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
@@ -199,13 +204,17 @@ class Proxy:
         watch = Disconnect(req.scope)
         try:
             key = functools.partial(prefix_key, self.kind, request)
-            answer = await self._open(model, requested, request, body, ctx, watch, key)
+            answer, served = await self._open_or_fall_back(model, requested, request, body, ctx, watch, key)
         except BaseException:
             watch.stop()
             unreserve(ctx, self.limiter)
             raise
         try:
             ctx.replica = answer.replica.endpoint
+            if served is not model:
+                # The answer names the model that wrote it, and says it was not the one asked.
+                resp.set_header(FALLBACK_HEADER, served.name)
+                requested = ctx.model = served.name
             upstream = answer.upstream
             length = upstream.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.max_response:
@@ -219,7 +228,7 @@ class Proxy:
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 resp.content_type = "text/event-stream"
                 # Its first event is in hand (`_open` timed it): that is the first token.
-                metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb or 0.0)
+                metrics.labelled(metrics.FIRST_TOKEN, served.name).observe(ctx.ttfb or 0.0)
                 rename = EventRename(requested, meter)
                 answer.first = rename.feed(answer.first)
             else:
@@ -259,6 +268,75 @@ class Proxy:
             await answer.drop()
             unreserve(ctx, self.limiter)
             raise
+
+    async def _open_or_fall_back(
+        self,
+        model: Model,
+        requested: str,
+        request: dict[str, Any],
+        body: bytes,
+        ctx: RequestContext,
+        watch: Disconnect,
+        key: Callable[[], int | None],
+    ) -> tuple[Answer, Model]:
+        """The model's answer and the model that gave it: the model itself, or when it could
+        not take the request or its replica failed before the first byte, the first of its
+        fallbacks that answers and that the key may use. A 4xx is the caller's own error and
+        is never tried elsewhere; when every fallback fails too, the model's own failure is
+        the answer, since it is the model the client asked for."""
+        failure: ApiError | Answer
+        try:
+            answer = await self._open(model, requested, request, body, ctx, watch, key)
+        except ApiError as exc:
+            if exc.status not in _FALL_BACK_ON or not model.listing.get("fallbacks"):
+                raise
+            failure = exc
+        else:
+            if answer.upstream.status_code < 500 or not model.listing.get("fallbacks"):
+                return answer, model
+            failure = answer
+        try:
+            for other in self._fallbacks(model, ctx):
+                asked = {**request, "model": other.name}
+                content = json.dumps(asked).encode()
+                try:
+                    answer = await self._open(other, other.name, asked, content, ctx, watch, key)
+                except ApiError as exc:
+                    if exc.status not in _FALL_BACK_ON:
+                        raise
+                    log.info("request %s: fallback %s failed too (%s)", ctx.request_id, other.name, exc.code)
+                    continue
+                if answer.upstream.status_code >= 500:
+                    answer.release()
+                    continue
+                if isinstance(failure, Answer):
+                    failure.release()
+                metrics.FALLBACKS.labels(model.name, other.name).inc()
+                log.info("request %s: %s could not answer; %s did", ctx.request_id, model.name, other.name)
+                return answer, other
+        except BaseException:
+            if isinstance(failure, Answer):
+                failure.release()
+            raise
+        if isinstance(failure, ApiError):
+            raise failure
+        return failure, model
+
+    def _fallbacks(self, model: Model, ctx: RequestContext) -> list[Model]:
+        """The model's fallbacks this request may go to: served now, of an endpoint this kind
+        answers, and allowed to the key (a key must not reach a model through another's)."""
+        usable = []
+        for name in model.listing.get("fallbacks", ()):
+            try:
+                other = ctx.table.lookup(name)  # by name or alias, as the catalogue may say
+            except ApiError:  # not served by this plan
+                continue
+            if self.kind not in ENDPOINTS_FOR_TASK[other.task]:
+                continue
+            if ctx.tenant is not None and not ctx.tenant.may_use(other.names()):
+                continue
+            usable.append(other)
+        return usable
 
     async def _open(
         self,

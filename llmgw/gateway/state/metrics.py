@@ -182,6 +182,11 @@ EJECTIONS_SKIPPED = Counter(
     "Ejections not made because more than half of a model's replicas would be out.",
     ["replica"],
 )
+FALLBACKS = Counter(
+    "llmgw_fallbacks",
+    "Requests a model could not answer that one of its fallbacks (catalogue `fallbacks`) did.",
+    ["model", "fallback"],
+)
 RETRIES = Counter(
     "llmgw_retries",
     "Requests tried again on another replica (made), or not because the retry budget was spent (refused).",
