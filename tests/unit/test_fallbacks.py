@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 from llmgw.build import build_plan
-from llmgw.plan import dump_plan
+from llmgw.diff import diff_plans
+from llmgw.plan import dump_plan, parse_plan
+from llmgw.report.diff_markdown import diff_markdown
 from tests.unit.helpers import by_rule, model_yaml, run
 
 
@@ -54,3 +56,12 @@ def test_the_plan_lists_fallbacks_only_for_a_model_that_has_them(tmp_path: Path)
     models = {m["name"]: m for m in json.loads(dump_plan(build_plan(result)))["models"]}
     assert models["a"]["fallbacks"] == ["b"]
     assert "fallbacks" not in models["b"], "a model without fallbacks is written as before"
+
+
+def test_the_pull_request_comment_shows_a_change_of_fallbacks(tmp_path: Path) -> None:
+    before = run(tmp_path / "base", {"a.yaml": model_yaml("a"), "b.yaml": model_yaml("b")})
+    head = {"a.yaml": model_yaml("a", extra="fallbacks: [b]\n"), "b.yaml": model_yaml("b")}
+    after = run(tmp_path / "head", head)
+    old, new = (parse_plan(dump_plan(build_plan(r))) for r in (before, after))
+    comment = diff_markdown(diff_plans(old, new))
+    assert "fallbacks" in comment and "b" in comment, comment
