@@ -115,3 +115,13 @@ def test_the_state_directory_follows_the_platform_or_the_operator() -> None:
     assert state_directory({"LLMGW_STATE_DIR": "/srv/llmgw"}) == Path("/srv/llmgw")
     assert state_directory({"XDG_STATE_HOME": "/x"}) == Path("/x/llmgw")
     assert state_directory({}) == Path.home() / ".local" / "state" / "llmgw"
+
+
+def test_a_state_directory_the_gateway_cannot_write_is_refused_at_start(tmp_path: Path) -> None:
+    from llmgw.errors import UsageError
+    from llmgw.gateway.server.serve import check_state_directory
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the directory would go
+    with pytest.raises(UsageError, match="LLMGW_STATE_DIR"):
+        check_state_directory(blocked / "llmgw")
