@@ -133,39 +133,43 @@ def _article(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
 
 
-# Every field an engine takes as the answer's length limit: vLLM reads the first two,
-# llama.cpp all three. Checking only the OpenAI ones let `n_predict` past max_output.
-# The Responses API names its own `max_output_tokens`; Messages uses `max_tokens`.
-_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
-
-
-# The field each generating API reads as its answer's limit.
-_LIMIT_FIELD = {
-    "chat": "max_tokens",
-    "completion": "max_tokens",
-    "messages": "max_tokens",
-    "responses": "max_output_tokens",
+# One row per generating API kind: every field its engines obey as the answer's length limit,
+# the API's own first (the one the gateway writes when a request sets none). llama-server
+# reads `n_predict` before the OpenAI fields on every API (its Responses and Messages
+# endpoints pass unknown fields on to its chat), vLLM the OpenAI ones. Reserving by the first
+# field given let `{"max_tokens": 1, "n_predict": 500}` reserve 1 token and write 500.
+# (Belongs in the table of API kinds, gateway/api.py, once there is one.)
+LENGTH_FIELDS = {
+    "chat": ("max_tokens", "max_completion_tokens", "n_predict"),
+    "completion": ("max_tokens", "n_predict"),
+    "messages": ("max_tokens", "n_predict"),
+    "responses": ("max_output_tokens", "max_tokens", "n_predict"),
 }
+
+# Every length field, checked on every request: checking only the OpenAI ones let
+# `n_predict` past max_output.
+_TOKEN_LIMITS = tuple(dict.fromkeys(field for row in LENGTH_FIELDS.values() for field in row))
 
 
 def output_limit(model: Model, kind: str, request: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     """The request with the model's `max_output` as its answer's limit when it sets none of
     its own (a request without one, with `ignore_eos`, ran until the context was full): a new
     dict then, in each API's own field (the Responses API's `max_output_tokens`); and the most
-    tokens its answer may have, None when nothing bounds it. Requests that generate nothing
-    (embeddings, rerank, counting) get no limit."""
-    ours = _LIMIT_FIELD.get(kind)
-    if ours is None:
+    tokens its answer may have, None when nothing bounds it: the largest of the fields its
+    engine obeys, at most `max_output`. Requests that generate nothing (embeddings, rerank,
+    counting) get no limit."""
+    fields = LENGTH_FIELDS.get(kind)
+    if fields is None:
         return request, None
-    for field in _TOKEN_LIMITS:
-        value = request.get(field)
-        if isinstance(value, int) and value > 0:
-            return request, value
-        if value is not None:  # n_predict -1: allowed only where the model sets no limit
-            return request, None
+    given = [value for field in fields if (value := request.get(field)) is not None]
+    if any(not isinstance(v, int) or v < 1 for v in given):
+        return request, None  # n_predict -1: allowed only where the model sets no limit
+    if given:
+        most = max(given)
+        return request, most if model.max_output is None else min(most, model.max_output)
     if model.max_output is None:
         return request, None
-    return {**request, ours: model.max_output}, model.max_output
+    return {**request, fields[0]: model.max_output}, model.max_output
 
 
 def check_max_tokens(model: Model, request: dict[str, Any]) -> None:

@@ -525,6 +525,10 @@ class Proxy:
         hold = replica.hold()
         try:
             if replica.agent is not None and self.demand is not None:
+                if watch.gone:
+                    # Gone before the wait began, so nothing cancels it: asking the agent
+                    # now would start (and make room for) an engine nobody waits for.
+                    raise ApiError(CLIENT_GONE, "client went away")
                 # Held here until its agent has the engine ready (a client that leaves
                 # meanwhile cancels the wait); the first-byte allowance starts after.
                 lease = await self.demand.lease(model, replica)

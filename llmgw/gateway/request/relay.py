@@ -303,14 +303,15 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
         return
     try:
         meter.finish()
-        if meter.prompt is not None:
+        if meter.prompt is not None and meter.final:
             prompt, completion = meter.prompt, meter.completion or 0
-        elif status < 400:
-            # Cut short (the client left, or the engine broke off) before usage came: the
-            # prompt was read all the same, and each event relayed carried about a token,
-            # so the key is charged that estimate; hanging up just before the usage event
-            # once cost nothing but the prompt.
-            prompt, completion = ctx.prompt_estimate, meter.events
+        elif status < 400 or meter.prompt is not None:
+            # Cut short (the client left, or the engine broke off) before the usage of the
+            # whole answer came: the prompt was read all the same, and each event relayed
+            # carried about a token, so the key is charged at least that; hanging up just
+            # before the usage event once cost nothing but the prompt.
+            prompt = meter.prompt if meter.prompt is not None else ctx.prompt_estimate
+            completion = meter.relayed()
         else:
             unreserve(ctx, limiter)
             return  # the engine refused the request: nothing was generated

@@ -144,13 +144,22 @@ _RATE_HEADERS = [
 ] + ["x-llmgw-budget-remaining-tokens", "x-llmgw-budget-reset", "x-llmgw-fallback"]
 
 
+class _ApiCors(falcon.CORSMiddleware[Any, Any]):
+    """CORS on the API (/v1/...) only: on every path, a page of an allowed origin could read
+    /metrics, /readyz and the dashboard's status, which are for the operator."""
+
+    def process_response(self, req: Any, resp: Any, resource: object, req_succeeded: bool) -> None:
+        if req.path.startswith("/v1/"):
+            super().process_response(req, resp, resource, req_succeeded)
+
+
 def _cors(settings: Settings) -> list[falcon.CORSMiddleware[Any, Any]]:
     """Falcon's CORS middleware for the origins LLMGW_CORS_ORIGINS lists; none when unset."""
     origins = settings.cors_origins
     if not origins:
         return []
     return [
-        falcon.CORSMiddleware(
+        _ApiCors(
             allow_origins="*" if "*" in origins else list(origins),
             # What an OpenAI client in a page reads besides the body.
             expose_headers=[*_RATE_HEADERS, "Retry-After", "X-Request-Id"],
