@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.decorators import FC
@@ -32,6 +33,9 @@ from llmgw.plan import Plan, dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
 from llmgw.report.diff_formats import DIFF_REPORTERS
 from llmgw.report.inspect_formats import INSPECT_REPORTERS
+
+if TYPE_CHECKING:
+    from llmgw.gateway.state.keys import Tenant
 
 # Exit codes shared by every command.
 EXIT_OK, EXIT_FINDINGS, EXIT_CANNOT_RUN = 0, 1, 2
@@ -466,9 +470,55 @@ def serve_command(plan_path: Path, bind: str, workers: int) -> None:
     serve(plan_path, bind, workers)
 
 
-@main.group("keys")
-def keys_group() -> None:
-    """Named API keys in keys.yaml: who may call the gateway, which models, how often."""
+@main.group("keys", invoke_without_command=True)
+@click.pass_context
+def keys_group(ctx: click.Context) -> None:
+    """Named API keys in keys.yaml: who may call the gateway, which models, how often.
+    Without a command, `llmgw keys list`."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(keys_list_command)
+
+
+@keys_group.command("list")
+@click.option(
+    "--file",
+    "keys_path",
+    type=click.Path(path_type=Path),
+    default=Path("keys.yaml"),
+    show_default=True,
+    help="The keys file the gateway serves.",
+)
+def keys_list_command(keys_path: Path = Path("keys.yaml")) -> None:
+    """Each key's limits, and with a budget, its spend this period and what is left: read from
+    the gateway's state directory (LLMGW_STATE_DIR, else $XDG_STATE_HOME/llmgw), or from Redis
+    when LLMGW_REDIS_URL is set."""
+    from llmgw.gateway.state.keys import read_keys_file
+
+    for line in _key_lines(list({t.name: t for t in read_keys_file(keys_path).values()}.values())):
+        click.echo(line)
+
+
+def _key_lines(tenants: list[Tenant]) -> list[str]:
+    import time
+
+    from llmgw.gateway.request.limits import read_spend, state_directory
+    from llmgw.gateway.request.limits_redis import read_spend as read_shared_spend
+    from llmgw.gateway.state.keys import rfc3339
+
+    state, url, now = state_directory(), os.environ.get("LLMGW_REDIS_URL"), time.time()
+    lines = []
+    for tenant in tenants:
+        limits = [f"{n} {v}" for n, v in (("rpm", tenant.rpm), ("tpm", tenant.tpm)) if v is not None]
+        line = f"{tenant.name}: " + (", ".join(limits) or "no limits")
+        budget = tenant.budget
+        if budget is not None:
+            spend = read_spend(state, tenant.name, budget, now)
+            used = read_shared_spend(url, tenant.name, spend) if url else spend.used
+            figure = "unknown (Redis does not answer)" if used is None else str(used)
+            left = "" if used is None else f", {max(0, budget.tokens - used)} left"
+            line += f"; budget {budget.describe()}: {figure} spent{left}, resets {rfc3339(spend.reset)}"
+        lines.append(line)
+    return lines
 
 
 @keys_group.command("add")

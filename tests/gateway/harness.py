@@ -279,6 +279,9 @@ def gateway(
 ) -> Iterator[Gateway]:
     port = free_port(host)
     bind = f"{host}:{port}"
+    if "LLMGW_STATE_DIR" not in env and "XDG_STATE_HOME" not in env:
+        # Each gateway its own state (budget spend, usage totals), never the user's own.
+        env["LLMGW_STATE_DIR"] = str((log_dir or plan_path.parent) / f"state-{port}")
     full_env = serve_environment(
         plan_path,
         subprocess_env(

@@ -111,6 +111,7 @@ class ModelView:
     description: str | None
     file: str
     profiles: tuple[ProfileView, ...]
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -238,6 +239,7 @@ def _model_view(model: PlanModel) -> ModelView:
         description=(model.description or "").strip() or None,
         file=model.file,
         profiles=profiles,
+        fallbacks=model.fallbacks,
     )
 
 

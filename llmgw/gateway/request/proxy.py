@@ -99,6 +99,12 @@ _NOT_TAKEN = (
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
 
+# The model could not take the request (no replica, its start failed, its wait ran out) or
+# its replicas failed before the first byte: its fallbacks are asked (see `_open_or_fall_back`).
+_FALL_BACK_ON = frozenset({502, 503, 504})
+FALLBACK_HEADER = "x-llmgw-fallback"
+
+
 class _NotReady(str):
     """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
     so while they load the weights. Not ready yet, not broken: when every replica says it,
@@ -160,6 +166,9 @@ class Proxy:
             else None
         )
         ctx.reservation = window.reservation if window is not None else None
+        ctx.spend = window.spend if window is not None else None
+        if ctx.spend is not None:  # on every answer, the engine's errors too
+            resp.set_headers(ctx.spend.headers())
         meter = Meter(free=counting)
         # Only some APIs must be asked for a stream's usage (chat and completions); the
         # Responses and Messages APIs always send it.
@@ -170,13 +179,17 @@ class Proxy:
         watch = Disconnect(req.scope)
         try:
             key = functools.partial(prefix_key, self.kind, request)
-            answer = await self._open(model, requested, request, body, ctx, watch, key)
+            answer, served = await self._open_or_fall_back(model, requested, request, body, ctx, watch, key)
         except BaseException:
             watch.stop()
             unreserve(ctx, self.limiter)
             raise
         try:
-            await self._respond(req, resp, answer, watch, meter, window, (model, requested))
+            if served is not model:
+                # The answer names the model that wrote it, and says it was not the one asked.
+                resp.set_header(FALLBACK_HEADER, served.name)
+                requested = ctx.model = served.name
+            await self._respond(req, resp, answer, watch, meter, window, (served, requested))
         except BaseException:
             # Until the Relay owns the answer, the replica's count and the engine's
             # connection are ours to give back.
@@ -281,6 +294,75 @@ class Proxy:
                 resp.content_length = int(length) + rename.growth
         ctx.streaming = True  # the access log's line is the relay's to write, at its end
         resp.stream = Relay(self, req, answer, watch, rename, meter)
+
+    async def _open_or_fall_back(
+        self,
+        model: Model,
+        requested: str,
+        request: dict[str, Any],
+        body: bytes,
+        ctx: RequestContext,
+        watch: Disconnect,
+        key: Callable[[], int | None],
+    ) -> tuple[Answer, Model]:
+        """The model's answer and the model that gave it: the model itself, or when it could
+        not take the request or its replica failed before the first byte, the first of its
+        fallbacks that answers and that the key may use. A 4xx is the caller's own error and
+        is never tried elsewhere; when every fallback fails too, the model's own failure is
+        the answer, since it is the model the client asked for."""
+        failure: ApiError | Answer
+        try:
+            answer = await self._open(model, requested, request, body, ctx, watch, key)
+        except ApiError as exc:
+            if exc.status not in _FALL_BACK_ON or not model.listing.get("fallbacks"):
+                raise
+            failure = exc
+        else:
+            if answer.upstream.status_code < 500 or not model.listing.get("fallbacks"):
+                return answer, model
+            failure = answer
+        try:
+            for other in self._fallbacks(model, ctx):
+                asked = {**request, "model": other.name}
+                content = json.dumps(asked).encode()
+                try:
+                    answer = await self._open(other, other.name, asked, content, ctx, watch, key)
+                except ApiError as exc:
+                    if exc.status not in _FALL_BACK_ON:
+                        raise
+                    log.info("request %s: fallback %s failed too (%s)", ctx.request_id, other.name, exc.code)
+                    continue
+                if answer.upstream.status_code >= 500:
+                    answer.release()
+                    continue
+                if isinstance(failure, Answer):
+                    failure.release()
+                metrics.FALLBACKS.labels(model.name, other.name).inc()
+                log.info("request %s: %s could not answer; %s did", ctx.request_id, model.name, other.name)
+                return answer, other
+        except BaseException:
+            if isinstance(failure, Answer):
+                failure.release()
+            raise
+        if isinstance(failure, ApiError):
+            raise failure
+        return failure, model
+
+    def _fallbacks(self, model: Model, ctx: RequestContext) -> list[Model]:
+        """The model's fallbacks this request may go to: served now, of an endpoint this kind
+        answers, and allowed to the key (a key must not reach a model through another's)."""
+        usable = []
+        for name in model.listing.get("fallbacks", ()):
+            try:
+                other = ctx.table.lookup(name)  # by name or alias, as the catalogue may say
+            except ApiError:  # not served by this plan
+                continue
+            if other.task not in self.api.tasks:
+                continue
+            if ctx.tenant is not None and not ctx.tenant.may_use(other.names()):
+                continue
+            usable.append(other)
+        return usable
 
     async def _open(
         self,

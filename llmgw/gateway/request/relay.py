@@ -326,17 +326,18 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
             metrics.labelled(metrics.TOKENS, model, key, "completion").inc(completion)
         if tenant is not None and limiter is not None:
             reservation, ctx.reservation = ctx.reservation, None
-            limiter.count(tenant, prompt, completion, reservation)
+            spend, ctx.spend = ctx.spend, None
+            limiter.count(tenant, prompt, completion, reservation, spend)
     except Exception:  # a miscount must not lose the access log line and metrics
         log.exception("counting the tokens of request %s failed", ctx.request_id)
 
 
 def unreserve(ctx: RequestContext, limiter: Limiter | None) -> None:
     """Give back the tokens held for a request that generated nothing."""
-    reservation = ctx.reservation
-    if reservation is None or limiter is None or ctx.tenant is None:
+    reservation, spend = ctx.reservation, ctx.spend
+    if (reservation is None and spend is None) or limiter is None or ctx.tenant is None:
         return
-    ctx.reservation = None
-    limiter.charge(ctx.tenant, 0, reservation)
+    ctx.reservation = ctx.spend = None
+    limiter.charge(ctx.tenant, 0, reservation, spend)
 
 

@@ -33,7 +33,7 @@ from llmgw.gateway.pages.resources import (
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import Request
 from llmgw.gateway.request.lease import Leases
-from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.limits import Limiter, state_directory
 from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
@@ -147,7 +147,7 @@ class Lifecycle:
 
 _RATE_HEADERS = [
     f"x-ratelimit-{what}-{of}" for what in ("limit", "remaining", "reset") for of in ("requests", "tokens")
-]
+] + ["x-llmgw-budget-remaining-tokens", "x-llmgw-budget-reset", "x-llmgw-fallback"]
 
 
 class _ApiCors(falcon.CORSMiddleware[Any, Any]):
@@ -269,9 +269,12 @@ def _limiter(settings: Settings, shared: Path) -> Limiter | None:
     them on Redis; without, this instance's workers in their shared directory."""
     if settings.keys_file is None:
         return None
+    # Budget spend and usage totals outlive the gateway: not in the metrics folder `llmgw
+    # serve` makes in the temp dir and deletes at exit, which once forgot every key's usage.
+    state = state_directory()
     if settings.redis_url:
-        return SharedLimiter(settings.redis_url, shared, settings.redis_timeout)
-    return Limiter(shared)
+        return SharedLimiter(settings.redis_url, shared, settings.redis_timeout, state=state)
+    return Limiter(shared, state)
 
 
 def _healthy(table: RouteTable) -> dict[str, bool]:

@@ -103,6 +103,14 @@ TOKENS = Counter(
 RATE_LIMITED = Counter(
     "llmgw_rate_limited", "Requests refused 429, by key and the limit (requests, tokens).", ["key", "limit"]
 )
+# The latest figure any worker saw: the spend is shared (state file or Redis), so the newest
+# reading is the truest.
+BUDGET_USED = Gauge(
+    "llmgw_key_budget_used",
+    "The fraction of its budget (keys.yaml) each key has used this period, reservations included.",
+    ["key"],
+    multiprocess_mode="mostrecent",
+)
 # Set only with LLMGW_REDIS_URL: 1 while every live worker counts rate limits on Redis, 0
 # while any counts on its own instance because Redis did not answer (limits_redis.py).
 LIMITS_SHARED = Gauge(
@@ -173,6 +181,11 @@ EJECTIONS_SKIPPED = Counter(
     "llmgw_ejections_skipped",
     "Ejections not made because more than half of a model's replicas would be out.",
     ["replica"],
+)
+FALLBACKS = Counter(
+    "llmgw_fallbacks",
+    "Requests a model could not answer that one of its fallbacks (catalogue `fallbacks`) did.",
+    ["model", "fallback"],
 )
 RETRIES = Counter(
     "llmgw_retries",
