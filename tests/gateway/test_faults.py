@@ -236,15 +236,15 @@ def test_an_agent_gone_silent_is_passed_over_for_another_node_and_used_again_whe
             waits = []
             for silent, other in ((0, 1), (1, 0)):
                 relays[silent].silence()
-                asked = relays[silent].accepted
                 for _ in range(4):
                     answer, took = ask_lazy(gw)
                     waits.append(took)
                     assert answer.status_code == 200, answer.text
                 assert agents[other].starts == 1, "the other node's agent started the model"
                 relays[silent].restore()
-                # Back: its agent answers /status, and the gateway may ask it again.
-                wait_until(lambda s=silent: relays[s].accepted > asked + 1, 10, "the agent to be asked again")
+                # Back once its agent answers a /status poll (every second here) again.
+                polled = relays[silent].accepted
+                wait_until(lambda s=silent, n=polled: relays[s].accepted > n + 1, 10, "the agent polled again")
             both = [a.starts for a in agents]
         print(
             f"\nsilent agent: {len(waits)} requests answered by the other node, longest wait "

@@ -6,6 +6,11 @@ ones, and answers once the engine is ready. The lease counts the request in flig
 agent's side, which is how the agent knows never to stop an engine that is answering; it is
 given back when the answer ends, however it ends, through the request's `InFlight` hold.
 
+An agent that stops answering (its machine gone dark) costs one request at most
+LLMGW_AGENT_TIMEOUT beyond the wait it asked for; from then on the agent is taken as silent
+and not asked for starts, so requests go to another node that can serve the model, until
+the agent answers its /status poll again.
+
 The wait is bounded twice: by LLMGW_LOAD_TIMEOUT for one request, and by LLMGW_MAX_HELD
 requests held per model in this worker, past which a request is turned away at once rather
 than piling up behind a load that may never finish.
@@ -36,13 +41,23 @@ ASK_EVERY_S = 10.0
 BUSY_RETRY_S = 1.0
 
 
+class AgentSilent(Exception):
+    """The replica's agent does not answer: another node's replica may be asked instead."""
+
+
 class Demand:
-    def __init__(self, load_timeout: float, max_held: int, token: str | None = None) -> None:
+    def __init__(
+        self, load_timeout: float, max_held: int, token: str | None = None, agent_timeout: float = 2.0
+    ) -> None:
         self.load_timeout = load_timeout
         self.max_held = max_held
         self.token = token if token is not None else os.environ.get("LLMGW_AGENT_TOKEN")
         self.held: dict[str, int] = {}
-        self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(ASK_EVERY_S + 5, connect=2.0))
+        self.agent_timeout = agent_timeout
+        self.client = httpx.AsyncClient(trust_env=False, timeout=agent_timeout)
+        # Agents that did not answer their last call, and why: not asked for starts until
+        # they answer a /status poll (or a call) again.
+        self.silent: dict[str, str] = {}
         self.releases: set[asyncio.Task[None]] = set()
         # What this worker knows of which on-demand engines are loaded: leases it holds per
         # endpoint, and when it last took or gave one back. The agent stops an engine only
@@ -75,10 +90,15 @@ class Demand:
 
     async def _hear(self, agent: str) -> None:
         try:
-            answer = await self.client.get(agent.rstrip("/") + "/status", timeout=2.0)
+            answer = await self.client.get(agent.rstrip("/") + "/status")
+        except httpx.TransportError as exc:
+            self._lost(agent, exc)
+            return
+        self._back(agent)
+        try:
             replicas = answer.json()["replicas"]
             ready = frozenset(str(r["endpoint"]) for r in replicas if r.get("state") == "ready")
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             return  # unheard: its last answer goes stale, and this worker's own record decides
         self.heard[agent] = (time.monotonic(), ready)
 
@@ -106,8 +126,27 @@ class Demand:
             if self.loaded(r.endpoint, p.idle_stop_s, agents.get(r.node or ""))
         )
 
+    def _lost(self, agent: str, exc: httpx.TransportError) -> None:
+        if isinstance(exc, httpx.TimeoutException):
+            kind = f"nothing within {self.agent_timeout:g}s"
+        else:
+            kind = type(exc).__name__
+        if agent not in self.silent:
+            log.warning(
+                "agent at %s does not answer (%s): its on-demand replicas are passed over until it does",
+                agent,
+                kind,
+            )
+        self.silent[agent] = f"its node's agent at {agent} does not answer ({kind})."
+
+    def _back(self, agent: str) -> None:
+        if self.silent.pop(agent, None) is not None:
+            log.info("agent at %s answers again: its on-demand replicas may be started", agent)
+
     async def _lease(self, model: str, replica: Replica) -> str:
         assert replica.agent is not None
+        if replica.agent in self.silent:
+            raise AgentSilent(self.silent[replica.agent])
         started = time.monotonic()
         # First without waiting: a running engine answers at once, and a request to it is
         # not held, so warm traffic never counts against LLMGW_MAX_HELD. An idle one starts
@@ -157,12 +196,19 @@ class Demand:
         """One acquire: the lease when ready; else None, what the agent said, and whether it
         said there is no room yet (409) rather than still loading (503). ApiError when asking
         again cannot help."""
+        agent = replica.agent
+        assert agent is not None
         try:
             answer = await self.client.post(
                 f"{replica.agent}/acquire",
                 json={"endpoint": replica.endpoint, "wait_s": wait},
                 headers=self._headers(),
+                # The agent answers within `wait`; past that, and the allowance, it is silent.
+                timeout=httpx.Timeout(wait + self.agent_timeout, connect=self.agent_timeout),
             )
+        except httpx.TransportError as exc:
+            self._lost(agent, exc)
+            raise AgentSilent(self.silent[agent]) from None
         except httpx.HTTPError as exc:
             raise ApiError(
                 502,
@@ -172,6 +218,7 @@ class Demand:
                 type="upstream_error",
                 code="agent_unreachable",
             ) from None
+        self._back(agent)
         body = _json(answer)
         if answer.status_code == 200 and isinstance(body.get("lease"), str):
             return str(body["lease"]), "", False
