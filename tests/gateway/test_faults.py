@@ -102,9 +102,7 @@ def test_a_replica_gone_silent_under_load_is_passed_over_marked_down_and_back_wh
                     marked_down = time.monotonic() - went
                     time.sleep(2.0)  # load on the one replica left
                 came = time.monotonic()
-                wait_until(
-                    lambda: replica_state(gw, "chat", silent.url) == "in rotation", 30, "it to return"
-                )
+                wait_until(lambda: replica_state(gw, "chat", silent.url) == "in rotation", 30, "it to return")
                 back_in = time.monotonic() - came
                 wait_until(
                     lambda: silent.stats()["requests"] > answered_before + 5, 30, "requests to reach it again"
@@ -185,18 +183,36 @@ def on_demand_plan(agents: list[str], ports: list[int]):  # type: ignore[no-unty
     """One on-demand model with a replica on each of len(agents) nodes."""
     nodes = [
         PlanNode(
-            name=f"box{i}", address="127.0.0.1", memory_gb=16, gpus=0, gpu_memory_gb=0, labels={},
-            ports=PortRange(first=port, last=port), used=NodeUse(memory_gb=0, gpus=0, replicas=0),
-            on_demand=OnDemandUse(replicas=1, memory_gb=1, largest_gb=1), agent=agent,
+            name=f"box{i}",
+            address="127.0.0.1",
+            memory_gb=16,
+            gpus=0,
+            gpu_memory_gb=0,
+            labels={},
+            ports=PortRange(first=port, last=port),
+            used=NodeUse(memory_gb=0, gpus=0, replicas=0),
+            on_demand=OnDemandUse(replicas=1, memory_gb=1, largest_gb=1),
+            agent=agent,
         )
         for i, (agent, port) in enumerate(zip(agents, ports, strict=True))
     ]
     replicas = tuple(
-        PlanReplica(endpoint=f"http://127.0.0.1:{port}", node=f"box{i}", port=port) for i, port in enumerate(ports)
+        PlanReplica(endpoint=f"http://127.0.0.1:{port}", node=f"box{i}", port=port)
+        for i, port in enumerate(ports)
     )
     profile = PlanProfile(
-        name="p", engine="llamacpp", priority=100, weight=1, ctx_size=2048, args=(), gpus=0,
-        node_selector={}, served_name="lazy", external=False, start="on-demand", idle_stop_s=600,
+        name="p",
+        engine="llamacpp",
+        priority=100,
+        weight=1,
+        ctx_size=2048,
+        args=(),
+        gpus=0,
+        node_selector={},
+        served_name="lazy",
+        external=False,
+        start="on-demand",
+        idle_stop_s=600,
         replicas=replicas,
     )
     return plan_of([model("lazy", [profile])], nodes)
@@ -244,7 +260,9 @@ def test_an_agent_gone_silent_is_passed_over_for_another_node_and_used_again_whe
                 relays[silent].restore()
                 # Back once its agent answers a /status poll (every second here) again.
                 polled = relays[silent].accepted
-                wait_until(lambda s=silent, n=polled: relays[s].accepted > n + 1, 10, "the agent polled again")
+                wait_until(
+                    lambda s=silent, n=polled: relays[s].accepted > n + 1, 10, "the agent polled again"
+                )
             both = [a.starts for a in agents]
         print(
             f"\nsilent agent: {len(waits)} requests answered by the other node, longest wait "
@@ -267,7 +285,10 @@ def test_an_on_demand_start_with_only_a_silent_agent_is_a_503_within_the_agent_t
             relay.silence()
             answer, took = ask_lazy(gw)
             again, took_again = ask_lazy(gw)
-        print(f"\nonly agent silent: {answer.status_code} in {took:.2f}s, then {again.status_code} in {took_again:.2f}s")
+        print(
+            f"\nonly agent silent: {answer.status_code} in {took:.2f}s, "
+            f"then {again.status_code} in {took_again:.2f}s"
+        )
         assert answer.status_code == 503, answer.text
         assert answer.headers.get("retry-after")
         message = answer.json()["error"]["message"]
@@ -281,7 +302,9 @@ def test_an_engine_whose_connects_hang_is_passed_over_within_the_connect_timeout
 ) -> None:
     with unanswered_port() as dark:
         path = tmp_path / "plan.json"
-        write_plan(path, plan([model("chat", [profile([dark, engine_a.url], "chat", routing="least-loaded")])]))
+        write_plan(
+            path, plan([model("chat", [profile([dark, engine_a.url], "chat", routing="least-loaded")])])
+        )
         with gateway(path, workers=1) as gw:
             waits = []
             for n in range(6):
@@ -293,14 +316,20 @@ def test_an_engine_whose_connects_hang_is_passed_over_within_the_connect_timeout
     assert max(waits) < 2 + 2, f"a request waited {max(waits):.1f}s on a connect that never completes"
 
 
-def test_redis_frozen_under_load_keeps_every_request_within_its_bound(tmp_path: Path, engine_a: Engine) -> None:
+def test_redis_frozen_under_load_keeps_every_request_within_its_bound(
+    tmp_path: Path, engine_a: Engine
+) -> None:
     path = tmp_path / "plan.json"
     write_plan(path, plan([model("chat", [profile([engine_a.url], "chat")])]))
     keys = tmp_path / "keys.yaml"
     keys.write_text(f"keys:\n  - {{name: faults, sha256: {key_digest(KEY)}, rpm: 1000000}}\n")
     timeout = 0.5  # the 0.1 s default is missed now and then on this busy machine
     with redis_server(tmp_path) as redis:
-        env = {"LLMGW_KEYS_FILE": str(keys), "LLMGW_REDIS_URL": redis.url, "LLMGW_REDIS_TIMEOUT": str(timeout)}
+        env = {
+            "LLMGW_KEYS_FILE": str(keys),
+            "LLMGW_REDIS_URL": redis.url,
+            "LLMGW_REDIS_TIMEOUT": str(timeout),
+        }
         with gateway(path, **env) as gw:
             headers = {"Authorization": f"Bearer {KEY}"}
             with Load(gw.url, chat, clients=6, headers=headers) as warm:
@@ -314,4 +343,3 @@ def test_redis_frozen_under_load_keeps_every_request_within_its_bound(tmp_path: 
     )
     assert not load.failures, load.failures[:3]
     assert load.longest < timeout + 1.5, f"a request waited {load.longest:.2f}s on a frozen Redis"
-

@@ -30,6 +30,7 @@ from llmgw.gateway.state.reload import PlanState
 log = logging.getLogger("llmgw.gateway")
 PROBES_AT_ONCE = 64
 RECHECK_S = 0.25
+RECHECKS = 5
 
 
 class Health:
@@ -77,7 +78,10 @@ class Health:
         await self._probe(replica)
         # Failing but still in rotation: asked again now, not a round later, so a silent
         # replica is out after `failures` probes' timeouts rather than `failures` rounds.
-        while replica.healthy and replica.failures:
+        # A few times at most: a plan asking for many failures must not hold up the round.
+        for _ in range(min(self.failures, RECHECKS) - 1):
+            if not (replica.healthy and replica.failures):
+                return
             await asyncio.sleep(RECHECK_S)
             await self._probe(replica)
 
