@@ -1,6 +1,6 @@
 """keys.yaml for the compiler: lint it against the catalogue, and add a key to it.
 
-The gateway reads the same file on its own (gateway/keys.py): it must not import the
+The gateway reads the same file on its own (gateway/state/keys.py): it must not import the
 compiler's stages, and the compiler must not import the gateway.
 """
 

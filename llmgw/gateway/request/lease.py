@@ -1,4 +1,4 @@
-"""On-demand replicas: ask the node's agent to start the engine, and hold the request meanwhile.
+"""An on-demand replica's lease: ask the node's agent to start the engine, hold the request meanwhile.
 
 A request for an on-demand replica first takes a lease from the replica's agent
 (docs/on-demand.md): the agent starts the engine if it is idle, making room by stopping idle
@@ -14,6 +14,8 @@ the agent answers its /status poll again.
 The wait is bounded twice: by LLMGW_LOAD_TIMEOUT for one request, and by LLMGW_MAX_HELD
 requests held per model in this worker, past which a request is turned away at once rather
 than piling up behind a load that may never finish.
+
+Each lease taken and given back is noted in state/loaded.py, which says what is loaded where.
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ from typing import Any
 import httpx
 
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.routing import Replica
 from llmgw.gateway.state import metrics
-from llmgw.gateway.state.reload import PlanState
-from llmgw.plan import Plan
+from llmgw.gateway.state.loaded import Loaded
+from llmgw.gateway.state.routes import Replica
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -45,30 +46,25 @@ class AgentSilent(Exception):
     """The replica's agent does not answer: another node's replica may be asked instead."""
 
 
-class Demand:
+class Leases:
+    """This worker's leases of on-demand engines from their agents."""
+
     def __init__(
-        self, load_timeout: float, max_held: int, token: str | None = None, agent_timeout: float = 2.0
+        self,
+        load_timeout: float,
+        max_held: int,
+        loaded: Loaded,
+        token: str | None = None,
+        agent_timeout: float = 2.0,
     ) -> None:
         self.load_timeout = load_timeout
         self.max_held = max_held
+        self.loaded = loaded
         self.token = token if token is not None else os.environ.get("LLMGW_AGENT_TOKEN")
         self.held: dict[str, int] = {}
         self.agent_timeout = agent_timeout
         self.client = httpx.AsyncClient(trust_env=False, timeout=agent_timeout)
-        # Agents that did not answer their last call, and why: not asked for starts until
-        # they answer a /status poll (or a call) again.
-        self.silent: dict[str, str] = {}
         self.releases: set[asyncio.Task[None]] = set()
-        # What this worker knows of which on-demand engines are loaded: leases it holds per
-        # endpoint, and when it last took or gave one back. The agent stops an engine only
-        # after its idle time without requests (or to make room), so an engine leased within
-        # that time is taken as loaded: what /v1/models and the dashboard say.
-        self.leased: dict[str, int] = {}
-        self.last_used: dict[str, float] = {}
-        # What each node's agent said is ready, and when: it knows what this worker's leases
-        # cannot, an eviction and another worker's (or gateway's) start. Used while fresh.
-        self.heard: dict[str, tuple[float, frozenset[str]]] = {}
-        self.hear_every = 2.0
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -76,77 +72,14 @@ class Demand:
     async def lease(self, model: str, replica: Replica) -> str:
         """The lease id once the replica's engine is ready; ApiError when it cannot be had."""
         lease = await self._lease(model, replica)
-        self.leased[replica.endpoint] = self.leased.get(replica.endpoint, 0) + 1
-        self.last_used[replica.endpoint] = time.monotonic()
+        self.loaded.took(replica.endpoint)
         return lease
-
-    async def watch(self, state: PlanState, interval: float) -> None:
-        """Ask each on-demand node's agent, every `interval` seconds, which engines are ready."""
-        self.hear_every = interval
-        while True:
-            agents = {n.agent for n in state.table.plan.nodes if n.agent}
-            await asyncio.gather(*(self._hear(a) for a in sorted(agents)))
-            await asyncio.sleep(interval)
-
-    async def _hear(self, agent: str) -> None:
-        try:
-            answer = await self.client.get(agent.rstrip("/") + "/status")
-        except httpx.TransportError as exc:
-            self._lost(agent, exc)
-            return
-        self._back(agent)
-        try:
-            replicas = answer.json()["replicas"]
-            ready = frozenset(str(r["endpoint"]) for r in replicas if r.get("state") == "ready")
-        except (ValueError, KeyError, TypeError):
-            return  # unheard: its last answer goes stale, and this worker's own record decides
-        self.heard[agent] = (time.monotonic(), ready)
-
-    def loaded(self, endpoint: str, idle_stop_s: float | None, agent: str | None = None) -> bool:
-        """Whether the on-demand engine at `endpoint` is loaded: answering a request of this
-        worker's now, or ready by its agent's last answer while that is fresh; without a
-        fresh answer, used by this worker within its idle time."""
-        if self.leased.get(endpoint, 0) > 0:
-            return True
-        heard = self.heard.get(agent) if agent else None
-        if heard is not None and time.monotonic() - heard[0] < 3 * self.hear_every:
-            return endpoint in heard[1]
-        used = self.last_used.get(endpoint)
-        return used is not None and time.monotonic() - used < (idle_stop_s or 0)
-
-    def loaded_now(self, plan: Plan) -> frozenset[str]:
-        """The plan's on-demand replicas loaded now, by endpoint."""
-        agents = {n.name: n.agent for n in plan.nodes}
-        return frozenset(
-            r.endpoint
-            for m in plan.models
-            for p in m.profiles
-            if p.on_demand
-            for r in p.replicas
-            if self.loaded(r.endpoint, p.idle_stop_s, agents.get(r.node or ""))
-        )
-
-    def _lost(self, agent: str, exc: httpx.TransportError) -> None:
-        if isinstance(exc, httpx.TimeoutException):
-            kind = f"nothing within {self.agent_timeout:g}s"
-        else:
-            kind = type(exc).__name__
-        if agent not in self.silent:
-            log.warning(
-                "agent at %s does not answer (%s): its on-demand replicas are passed over until it does",
-                agent,
-                kind,
-            )
-        self.silent[agent] = f"its node's agent at {agent} does not answer ({kind})."
-
-    def _back(self, agent: str) -> None:
-        if self.silent.pop(agent, None) is not None:
-            log.info("agent at %s answers again: its on-demand replicas may be started", agent)
 
     async def _lease(self, model: str, replica: Replica) -> str:
         assert replica.agent is not None
-        if replica.agent in self.silent:
-            raise AgentSilent(self.silent[replica.agent])
+        silent = self.loaded.silent.get(replica.agent)
+        if silent is not None:
+            raise AgentSilent(silent)
         started = time.monotonic()
         # First without waiting: a running engine answers at once, and a request to it is
         # not held, so warm traffic never counts against LLMGW_MAX_HELD. An idle one starts
@@ -207,8 +140,7 @@ class Demand:
                 timeout=httpx.Timeout(wait + self.agent_timeout, connect=self.agent_timeout),
             )
         except httpx.TransportError as exc:
-            self._lost(agent, exc)
-            raise AgentSilent(self.silent[agent]) from None
+            raise AgentSilent(self.loaded.lost(agent, exc)) from None
         except httpx.HTTPError as exc:
             raise ApiError(
                 502,
@@ -218,7 +150,7 @@ class Demand:
                 type="upstream_error",
                 code="agent_unreachable",
             ) from None
-        self._back(agent)
+        self.loaded.back(agent)
         body = _json(answer)
         if answer.status_code == 200 and isinstance(body.get("lease"), str):
             return str(body["lease"]), "", False
@@ -243,8 +175,7 @@ class Demand:
 
     def release(self, replica: Replica, lease: str) -> None:
         """Give the lease back without making the answer wait for it."""
-        self.leased[replica.endpoint] = max(0, self.leased.get(replica.endpoint, 0) - 1)
-        self.last_used[replica.endpoint] = time.monotonic()
+        self.loaded.gave_back(replica.endpoint)
         task = asyncio.get_running_loop().create_task(self._release(replica, lease))
         self.releases.add(task)
         task.add_done_callback(self.releases.discard)
