@@ -55,7 +55,7 @@ from llmgw.gateway.request.body import (
 )
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
-from llmgw.gateway.request.lease import Leases
+from llmgw.gateway.request.lease import AgentSilent, Leases
 from llmgw.gateway.request.limits import Limiter, Window
 from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.relay import (
@@ -109,6 +109,10 @@ class _NotReady(str):
     """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
     so while they load the weights. Not ready yet, not broken: when every replica says it,
     the client is told to come back (503, Retry-After), not that they failed (502)."""
+
+
+class _AgentSilent(_NotReady):
+    """Why an on-demand replica did not take a request: its node's agent does not answer."""
 
 
 class Proxy:
@@ -454,6 +458,15 @@ class Proxy:
                 code="no_healthy_replica",
                 headers={"Retry-After": self.retry_after},
             )
+        if isinstance(last, _AgentSilent) and not_ready == tried:
+            raise ApiError(
+                503,
+                f"{model.name} starts on demand, and {last} Retry in {self.retry_after}s; "
+                "start `llmgw node` there (or make it reachable), or place the model on another node.",
+                type="service_unavailable",
+                code="agent_unreachable",
+                headers={"Retry-After": self.retry_after},
+            )
         if not_ready == tried:
             return ApiError(
                 503,
@@ -483,8 +496,14 @@ class Proxy:
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
             self.outliers.failed(model, replica, f"request failed: {type(exc).__name__}")
             return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
+        except AgentSilent as exc:
+            return _AgentSilent(str(exc))
         except (TimeoutError, httpx.TimeoutException):
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
+            if not replica.healthy:
+                # Marked down by its health checks while this request waited: silent, not
+                # slow. Nothing reached the client, so another replica may answer it.
+                return f"{replica.endpoint} went silent (its health checks fail)"
             self.outliers.failed(model, replica, f"no first byte within {self.first_byte_timeout:g}s")
             raise ApiError(
                 504,
@@ -560,20 +579,22 @@ class Proxy:
                 with tracing.waiting("engine load", replica.endpoint):
                     lease = await self.leases.lease(model, replica)
                 hold.after = functools.partial(self.leases.release, replica, lease)
-            async with asyncio.timeout(self.first_byte_timeout):
-                upstream = await self.upstream.post(
-                    replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
-                )
-                chunks = upstream.aiter_raw()
-                if upstream.status_code in _REPLICA_TROUBLE:
-                    return Answer(upstream, hold, chunks, b"")  # not read: it is retried
-                if upstream.status_code >= 500:
-                    # Read whole, in case it is passed on: whether it is, only the next
-                    # replica's answer can tell.
-                    error = await read_error(chunks)
-                    await upstream.aclose()
-                    return Answer(upstream, hold, no_chunks(), error)
-                first = await anext(chunks, b"")
+            # Cut short should health checks mark the replica down meanwhile (Health.waiting).
+            async with asyncio.timeout(self.first_byte_timeout) as clock:
+                with self.health.waiting(replica, clock):
+                    upstream = await self.upstream.post(
+                        replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
+                    )
+                    chunks = upstream.aiter_raw()
+                    if upstream.status_code in _REPLICA_TROUBLE:
+                        return Answer(upstream, hold, chunks, b"")  # not read: it is retried
+                    if upstream.status_code >= 500:
+                        # Read whole, in case it is passed on: whether it is, only the next
+                        # replica's answer can tell.
+                        error = await read_error(chunks)
+                        await upstream.aclose()
+                        return Answer(upstream, hold, no_chunks(), error)
+                    first = await anext(chunks, b"")
         except BaseException:
             watch.waiting = False
             hold.release()

@@ -185,15 +185,15 @@ def create_app(
     health = Health(
         upstream,
         settings.health_failures,
-        timeout=min(settings.health_interval, max(settings.connect_timeout, 1.0)),
+        timeout=settings.health_timeout,
     )
     access = Access(state, keys, settings.access_log)
     shared = _shared_directory()
     limiter = _limiter(settings, shared)
     samples = Samples(shared)
 
-    loaded = Loaded()
-    leases = Leases(settings.load_timeout, settings.max_held, loaded)
+    loaded = Loaded(settings.agent_timeout)
+    leases = Leases(settings.load_timeout, settings.max_held, loaded, agent_timeout=settings.agent_timeout)
     lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, loaded)
     app = _App(request_type=Request, middleware=[*_cors(settings), lifecycle, access])
     app.add_error_handler(Exception, handle_unexpected)
