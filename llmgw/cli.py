@@ -10,26 +10,32 @@ import datetime
 import os
 import re
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+from click.decorators import FC
 
 from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.build import KubernetesTarget, build_plan
+from llmgw.engines import names
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.keys import (
     add_key,
-    add_keys_findings,
     catalogue_names,
     key_name_is_valid,
     patterns_matching_nothing,
 )
-from llmgw.lint import LintResult, lint
-from llmgw.plan import dump_plan, read_plan, read_previous
+from llmgw.lint import LintResult, lint, read_fleet
+from llmgw.plan import Plan, dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
 from llmgw.report.diff_formats import DIFF_REPORTERS
 from llmgw.report.inspect_formats import INSPECT_REPORTERS
+
+if TYPE_CHECKING:
+    from llmgw.gateway.state.keys import Tenant
 
 # Exit codes shared by every command.
 EXIT_OK, EXIT_FINDINGS, EXIT_CANNOT_RUN = 0, 1, 2
@@ -81,6 +87,12 @@ previous_option = click.option(
 )
 
 
+def format_option(reporters: Mapping[str, object]) -> Callable[[FC], FC]:
+    """`--format`, its choices the reporters a command has; text unless told."""
+    choices = click.Choice(sorted(reporters))
+    return click.option("--format", "fmt", type=choices, default="text", show_default=True)
+
+
 keys_option = click.option(
     "--keys",
     "keys_path",
@@ -93,13 +105,7 @@ keys_option = click.option(
 @main.command("lint")
 @catalog_argument
 @fleet_option
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(sorted(REPORTERS)),
-    default="text",
-    show_default=True,
-)
+@format_option(REPORTERS)
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
 @previous_option
 @keys_option
@@ -121,18 +127,24 @@ def lint_command(
     out = sys.stdout
     previous = read_previous(previous_path) if previous_path else None
     try:
-        result = lint(catalog, fleet_path, previous=previous)
+        result = lint(catalog, fleet_path, previous=previous, keys=_keys_file(keys_path))
     except FleetError as exc:
         if fmt == "text":
             raise  # the sentence and its findings, on stderr, as for any error
         reporter(exc.findings, out, color=False)
         click.echo(f"llmgw: cannot use the fleet inventory {fleet_path}; fix it first.", err=True)
         sys.exit(EXIT_CANNOT_RUN)
-    add_keys_findings(result, keys_path, previous)
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
         click.echo(_summary(result), err=True)
     sys.exit(_lint_exit_code(result, strict))
+
+
+def _keys_file(keys_path: Path | None) -> Path | None:
+    """Without --keys, a keys.yaml in the working folder is the one checked."""
+    if keys_path is None and Path("keys.yaml").is_file():
+        return Path("keys.yaml")
+    return keys_path
 
 
 def _summary(result: LintResult) -> str:
@@ -193,8 +205,9 @@ def plan_command(
     """
     kubernetes = _kubernetes_target(target, namespace, cluster_domain)
     previous = read_previous(previous_path) if previous_path else None
-    result = lint(catalog, fleet_path, previous=previous, kubernetes=kubernetes is not None)
-    add_keys_findings(result, keys_path, previous)
+    result = lint(
+        catalog, fleet_path, previous=previous, kubernetes=kubernetes is not None, keys=_keys_file(keys_path)
+    )
     errors, _ = result.counts()
     if errors:
         REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))
@@ -246,13 +259,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 @main.command("inspect")
 @click.argument("source")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(sorted(INSPECT_REPORTERS)),
-    default="text",
-    show_default=True,
-)
+@format_option(INSPECT_REPORTERS)
 @click.option(
     "--write",
     is_flag=True,
@@ -294,13 +301,7 @@ def inspect_command(source: str, fmt: str, write: bool) -> None:
 @main.command("diff")
 @click.argument("old", type=click.Path(path_type=Path))
 @click.argument("new", type=click.Path(path_type=Path))
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(sorted(DIFF_REPORTERS)),
-    default="text",
-    show_default=True,
-)
+@format_option(DIFF_REPORTERS)
 @click.option(
     "--detailed-exitcode",
     is_flag=True,
@@ -469,9 +470,55 @@ def serve_command(plan_path: Path, bind: str, workers: int) -> None:
     serve(plan_path, bind, workers)
 
 
-@main.group("keys")
-def keys_group() -> None:
-    """Named API keys in keys.yaml: who may call the gateway, which models, how often."""
+@main.group("keys", invoke_without_command=True)
+@click.pass_context
+def keys_group(ctx: click.Context) -> None:
+    """Named API keys in keys.yaml: who may call the gateway, which models, how often.
+    Without a command, `llmgw keys list`."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(keys_list_command)
+
+
+@keys_group.command("list")
+@click.option(
+    "--file",
+    "keys_path",
+    type=click.Path(path_type=Path),
+    default=Path("keys.yaml"),
+    show_default=True,
+    help="The keys file the gateway serves.",
+)
+def keys_list_command(keys_path: Path = Path("keys.yaml")) -> None:
+    """Each key's limits, and with a budget, its spend this period and what is left: read from
+    the gateway's state directory (LLMGW_STATE_DIR, else $XDG_STATE_HOME/llmgw), or from Redis
+    when LLMGW_REDIS_URL is set."""
+    from llmgw.gateway.state.keys import read_keys_file
+
+    for line in _key_lines(list({t.name: t for t in read_keys_file(keys_path).values()}.values())):
+        click.echo(line)
+
+
+def _key_lines(tenants: list[Tenant]) -> list[str]:
+    import time
+
+    from llmgw.gateway.request.limits import read_spend, state_directory
+    from llmgw.gateway.request.limits_redis import read_spend as read_shared_spend
+    from llmgw.gateway.state.keys import rfc3339
+
+    state, url, now = state_directory(), os.environ.get("LLMGW_REDIS_URL"), time.time()
+    lines = []
+    for tenant in tenants:
+        limits = [f"{n} {v}" for n, v in (("rpm", tenant.rpm), ("tpm", tenant.tpm)) if v is not None]
+        line = f"{tenant.name}: " + (", ".join(limits) or "no limits")
+        budget = tenant.budget
+        if budget is not None:
+            spend = read_spend(state, tenant.name, budget, now)
+            used = read_shared_spend(url, tenant.name, spend) if url else spend.used
+            figure = "unknown (Redis does not answer)" if used is None else str(used)
+            left = "" if used is None else f", {max(0, budget.tokens - used)} left"
+            line += f"; budget {budget.describe()}: {figure} spent{left}, resets {rfc3339(spend.reset)}"
+        lines.append(line)
+    return lines
 
 
 @keys_group.command("add")
@@ -566,6 +613,52 @@ def deploy_command(plan_path: Path, gateway_url: str) -> None:
         click.echo(warning, err=True)
     digest = deploy(plan_path, gateway_url)
     click.echo(f"{gateway_url} now serves {digest}.")
+
+
+@main.command("status")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Ask again until the fleet runs the plan, for at most this long.")
+@click.option("--fleet", "fleet_path", type=click.Path(path_type=Path), default=None,
+              help="The fleet file giving each agent's port [the one the plan was made from].")
+def status_command(plan_path: Path, as_json: bool, wait_s: float | None, fleet_path: Path | None) -> None:
+    """Ask each node's agent whether it runs PLAN: per model Synced or OutOfSync, and Healthy,
+    Progressing, Degraded, Missing or Suspended. Exit 0 when every model is Synced and Healthy
+    or Suspended, 1 otherwise."""
+    from llmgw.report.fleet_status import REPORTERS as FLEET_REPORTERS
+    from llmgw.status import FleetStatus, agent_urls, fleet_status, wait_for_fleet
+
+    plan = read_plan(plan_path)
+    if plan.target is not None:
+        raise UsageError(
+            f"{plan_path} is planned for {plan.target.kind}, which runs the replicas itself; ask "
+            "its own tools (Argo CD, Flux, kubectl rollout status) whether it runs them."
+        )
+    urls = agent_urls(plan, _agent_ports(plan, fleet_path))
+    report = FLEET_REPORTERS["json" if as_json else "text"]
+    if wait_s is None:
+        status = fleet_status(plan, urls)
+    else:
+        # People watching see each change as it comes; a machine reads the last answer only.
+        def heard(status: FleetStatus) -> None:
+            report(status, sys.stdout)
+            click.echo("")
+
+        status = wait_for_fleet(plan, urls, wait_s, heard=None if as_json else heard)
+    if as_json or wait_s is None:
+        report(status, sys.stdout)
+    sys.exit(0 if status.ok else 1)
+
+
+def _agent_ports(plan: Plan, fleet_path: Path | None) -> dict[str, int]:
+    """Each node's agent_port from the fleet file: the one given, else the plan's own input
+    when it is still where the plan was made (a deploy's checkout, `up`'s state folder)."""
+    path = fleet_path if fleet_path is not None else Path(plan.inputs.fleet.path)
+    if fleet_path is None and not path.is_file():
+        return {}
+    fleet, _ = read_fleet(path)
+    return {node.name: node.agent_port for node in fleet.nodes}
 
 
 # Running the plan: the node agent, and `up` for a whole fleet on this one machine.
@@ -694,14 +787,14 @@ def render_group() -> None:
     "images",
     multiple=True,
     metavar="ENGINE=IMAGE",
-    help="An engine's container image (llamacpp, llamacpp-gpu, vllm). Repeatable.",
+    help=f"An engine's container image ({', '.join(names())}; ENGINE-gpu for its GPU build). Repeatable.",
 )
 @click.option(
     "--executable",
     "executables",
     multiple=True,
     metavar="ENGINE=PATH",
-    help="Where the engine's program is in its image (llamacpp, vllm). Repeatable.",
+    help=f"Where the engine's program is in its image ({', '.join(names())}). Repeatable.",
 )
 @click.option("--gateway-image", default=None, help="The image built from the Containerfile [llmgw:VERSION].")
 @click.option("--gateway-replicas", type=int, default=2, show_default=True)

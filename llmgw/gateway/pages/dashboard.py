@@ -76,7 +76,7 @@ class DashboardSnapshot:
     # DNS names whose last lookup failed: their last answer still routes.
     discovery_errors: tuple[str, ...] = ()
     # Per replica endpoint: in rotation, ejected or on trial, and its ejection counts
-    # (gateway.outlier.replica_states).
+    # (state/outlier.py: replica_states).
     replicas: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     # Why the last keys file was refused, when it was (the old keys still work).
     keys_refusal: str | None = None
@@ -86,10 +86,13 @@ class DashboardSnapshot:
     # The last minute per model, summed over every worker (gateway.rates); None before the
     # first reading.
     usage: Figures | None = None
-    # On-demand replicas loaded now, by endpoint (request/demand.py).
+    # On-demand replicas loaded now, by endpoint (state/loaded.py).
     loaded: frozenset[str] = frozenset()
     # Requests waiting for a replica's slot, per model, over every worker (gateway/schedule/).
     waiting: Mapping[str, int] = field(default_factory=dict)
+    # Model → (sync, health) as `llmgw status` says them (state/fleet.py); absent until the
+    # agents were first asked, and for a model no agent runs.
+    fleet: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class ModelView:
     description: str | None
     file: str
     profiles: tuple[ProfileView, ...]
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -237,6 +241,7 @@ def _model_view(model: PlanModel) -> ModelView:
         description=(model.description or "").strip() or None,
         file=model.file,
         profiles=profiles,
+        fallbacks=model.fallbacks,
     )
 
 
@@ -327,7 +332,9 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
     """The JSON the page polls: health per model and profile, plus the reload state."""
     models: dict[str, Any] = {}
     for m in view.models:
+        words = snapshot.fleet.get(m.name)
         models[m.name] = {
+            **({"sync": words[0], "fleet_health": words[1]} if words else {}),
             "healthy": healthy_count(m.endpoints, snapshot.healthy),
             "placed": len(m.endpoints),
             "profiles": {

@@ -17,34 +17,34 @@ from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pages.dashboard import render_key_page, render_keys_page, set_page_headers
 from llmgw.gateway.request.access import bearer_token, check_model, usable_models
 from llmgw.gateway.request.body import read_body
-from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.limits_redis import SharedLimiter
-from llmgw.gateway.request.routing import DnsGroup
 from llmgw.gateway.schedule import Scheduler
 from llmgw.gateway.state import metrics
-from llmgw.gateway.state.keys import Keys, Tenant
+from llmgw.gateway.state.keys import Keys, Tenant, rfc3339
+from llmgw.gateway.state.loaded import Loaded
 from llmgw.gateway.state.reload import PlanState, PlanWriteError
+from llmgw.gateway.state.routes import DnsGroup
 from llmgw.plan import Plan, dump_plan
 
 
 class Models:
     """GET /v1/models and GET /v1/models/{id} (a name or an alias)."""
 
-    def __init__(self, demand: Demand | None = None) -> None:
-        self.demand = demand
+    def __init__(self, loaded: Loaded | None = None) -> None:
+        self.loaded = loaded
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.content_type = falcon.MEDIA_JSON
         table, tenant = req.context.table, req.context.tenant
-        on_demand = self.demand is not None and any(m.listing.get("start") for m in table.models.values())
+        on_demand = self.loaded is not None and any(m.listing.get("start") for m in table.models.values())
         if (tenant is None or tenant.models is None) and not on_demand:
             resp.data = table.listing_body
             return
         # A key limited to some models sees only those, as if the rest were not served.
         listing = [m.listing for m in usable_models(tenant, table)]
-        if on_demand and self.demand is not None:
-            listing = with_loaded(listing, table.plan, self.demand.loaded_now(table.plan))
+        if on_demand and self.loaded is not None:
+            listing = with_loaded(listing, table.plan, self.loaded.loaded_now(table.plan))
         resp.data = json.dumps({"object": "list", "data": listing}).encode()
 
     async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str) -> None:
@@ -301,15 +301,24 @@ def key_document(
     if limiter is not None and (tenant.rpm is not None or tenant.tpm is not None):
         requests, tokens = limiter.used(tenant)
         doc["last_minute"] = {"requests": requests, "tokens": tokens}
+    spend = limiter.spent(tenant) if limiter is not None else None
+    if spend is not None:
+        doc["budget"] = {
+            "tokens": spend.budget.tokens,
+            "every": spend.budget.every,
+            "used": spend.used,
+            "remaining": max(0, spend.budget.tokens - spend.used),
+            "resets": rfc3339(spend.reset),
+        }
     return doc
 
 
 def _totals(tenant: Tenant, usage: dict[str, dict[str, float]], limiter: Limiter | None) -> dict[str, int]:
-    """Summed over every instance on Redis; else, and while Redis is away, this instance's
-    own metrics (summed over its workers)."""
-    shared = limiter.totals(tenant.name) if isinstance(limiter, SharedLimiter) else None
-    if shared is not None:
-        return shared
+    """Summed over every instance on Redis, or as this instance's state file keeps them (over
+    restarts); while Redis is away, this instance's own metrics (summed over its workers)."""
+    kept = limiter.totals(tenant.name) if limiter is not None else None
+    if kept is not None:
+        return kept
     return {k: int(v) for k, v in sorted(usage.get(tenant.name, {}).items())}
 
 

@@ -9,7 +9,7 @@ The body is read and checked in request/body.py, the answer relayed in request/r
 a client that leaves noticed in request/gone.py; this module decides where a request goes.
 
 The request is checked against the model before any replica is bothered. Then replicas are
-tried best first (see routing.Model.candidates): a refused connection or a 502/503/504 moves
+tried best first (see state/routes.py: Model.candidates): a refused connection or a 502/503/504 moves
 on to the next, because the client has seen nothing yet. Any other 5xx may be the request's
 own doing: it is tried once more elsewhere, and fails the replica only if another replica
 answers; failed twice, the client gets the engine's own error. The response status goes to
@@ -42,6 +42,7 @@ import falcon
 import falcon.asgi
 import httpx
 
+from llmgw.gateway.api import APIS
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.access import Access, check_model
 from llmgw.gateway.request.body import (
@@ -53,9 +54,11 @@ from llmgw.gateway.request.body import (
     wrong_endpoint,
 )
 from llmgw.gateway.request.context import RequestContext, context_of
-from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
-from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.lease import AgentSilent, Leases
+from llmgw.gateway.request.limits import Limiter, Window
+from llmgw.gateway.request.line import take_slot, ticket_for
+from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.relay import (
     Answer,
     Outgoing,
@@ -67,24 +70,17 @@ from llmgw.gateway.request.relay import (
     unreserve,
 )
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
-from llmgw.gateway.request.routing import (
-    COUNTING,
-    ENDPOINTS_FOR_TASK,
-    GATEWAY_PATHS,
-    Model,
-    Profile,
-    Replica,
-    RouteTable,
-    prefix_key,
-)
-from llmgw.gateway.request.upstream import Reply, Upstream
 from llmgw.gateway.request.usage import Meter, prompt_estimate
 from llmgw.gateway.schedule import Scheduler, Ticket, band_of
-from llmgw.gateway.server.config import VIA_HEADER, Settings
-from llmgw.gateway.state import metrics
+from llmgw.gateway.settings import VIA_HEADER, Settings
+from llmgw.gateway.state import metrics, tracing
 from llmgw.gateway.state.health import Health
-from llmgw.gateway.state.keys import Tenant
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
+from llmgw.gateway.state.routes import (
+    Model,
+    Replica,
+)
+from llmgw.gateway.upstream import Reply, Upstream
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -104,8 +100,11 @@ _NOT_TAKEN = (
 # Any other 5xx may be the request's own doing; see `Proxy._blame`.
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
-_ASKS_FOR_USAGE = frozenset({"chat", "completion"})
 
+# The model could not take the request (no replica, its start failed, its wait ran out) or
+# its replicas failed before the first byte: its fallbacks are asked (see `_open_or_fall_back`).
+_FALL_BACK_ON = frozenset({502, 503, 504})
+FALLBACK_HEADER = "x-llmgw-fallback"
 # A caller may put its own request below its key's priority (never above): a batch job's key
 # can send its urgent request at the key's band and the rest lower.
 PRIORITY_HEADER = "x-llmgw-priority"
@@ -119,6 +118,10 @@ class _NotReady(str):
     the client is told to come back (503, Retry-After), not that they failed (502)."""
 
 
+class _AgentSilent(_NotReady):
+    """Why an on-demand replica did not take a request: its node's agent does not answer."""
+
+
 class Proxy:
     def __init__(
         self,
@@ -130,17 +133,18 @@ class Proxy:
         outliers: Outliers,
         budget: RetryBudget,
         limiter: Limiter | None = None,
-        demand: Demand | None = None,
+        leases: Leases | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
         self.kind = kind
         self.scheduler = scheduler
-        self.demand = demand
+        self.api = APIS[kind]
+        self.leases = leases
         self.outliers = outliers
         self.budget = budget
         self.limiter = limiter
         self.max_response = settings.max_response_bytes
-        self.path = GATEWAY_PATHS[kind]
+        self.path = self.api.path
         self.upstream = upstream
         self.health = health
         self.access = access
@@ -161,6 +165,58 @@ class Proxy:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         ctx = context_of(req)
+        body, request, model = await self._checked(req, ctx)
+        requested = request["model"]
+        tenant = ctx.tenant
+        ctx.prompt_estimate = prompt_estimate(body)
+        asked = request
+        request, most = output_limit(model, self.kind, request)
+        counting = self.api.counts_only
+        window = (
+            # A counting request counts toward rpm and reserves no tokens (see Api.counts_only).
+            self.limiter.admit(tenant, 0 if counting else ctx.prompt_estimate + (most or 0))
+            if tenant is not None and self.limiter
+            else None
+        )
+        ctx.reservation = window.reservation if window is not None else None
+        ctx.spend = window.spend if window is not None else None
+        ctx.band = band_of(tenant.priority if tenant is not None else None, req.get_header(PRIORITY_HEADER))
+        if ctx.spend is not None:  # on every answer, the engine's errors too
+            resp.set_headers(ctx.spend.headers())
+        meter = Meter(free=counting)
+        # Only some APIs must be asked for a stream's usage (chat and completions); the
+        # Responses and Messages APIs always send it.
+        if request.get("stream") is True and self.api.asks_for_usage:
+            request, meter = ask_for_usage(request)
+        if request is not asked:  # written once, whatever the two steps above added
+            body = json.dumps(request).encode()
+        watch = Disconnect(req.scope)
+        try:
+            key = functools.partial(prefix_key, self.kind, request)
+            answer, served = await self._open_or_fall_back(model, requested, request, body, ctx, watch, key)
+        except BaseException:
+            watch.stop()
+            unreserve(ctx, self.limiter)
+            raise
+        try:
+            if served is not model:
+                # The answer names the model that wrote it, and says it was not the one asked.
+                resp.set_header(FALLBACK_HEADER, served.name)
+                requested = ctx.model = served.name
+            await self._respond(req, resp, answer, watch, meter, window, (served, requested))
+        except BaseException:
+            # Until the Relay owns the answer, the replica's count and the engine's
+            # connection are ours to give back.
+            watch.stop()
+            await answer.drop()
+            unreserve(ctx, self.limiter)
+            raise
+
+    async def _checked(
+        self, req: falcon.asgi.Request, ctx: RequestContext
+    ) -> tuple[bytes, dict[str, Any], Model]:
+        """The request's body, as read and parsed, and its model: everything checked that can
+        be before any replica is bothered; ApiError for the first thing wrong."""
         if req.get_header(VIA_HEADER) == self.instance:
             raise ApiError(
                 508,
@@ -181,131 +237,148 @@ class Proxy:
         request = parse_request(body)
         requested = request["model"]
         tenant = ctx.tenant
+        tracing.begin(self.kind, requested, request, req.headers, tenant.name if tenant is not None else None)
         model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
         ctx.model = model.name
         check_model(tenant, model, ctx.table)
-        if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
+        if model.task not in self.api.tasks:
             raise wrong_endpoint(model, self.path)
         check_max_tokens(model, request)
-        ctx.prompt_estimate = prompt_estimate(body)
-        asked = request
-        request, most = output_limit(model, self.kind, request)
-        counting = self.kind in COUNTING
-        window = (
-            # A counting request counts toward rpm and reserves no tokens (see COUNTING).
-            self.limiter.admit(tenant, 0 if counting else ctx.prompt_estimate + (most or 0))
-            if tenant is not None and self.limiter
-            else None
-        )
-        ctx.reservation = window.reservation if window is not None else None
-        # Charged its prompt when granted a slot; its answer's tokens as it ends (Ticket.used).
-        # Charged its most (max_tokens) up front instead, a key whose answers are short paid
-        # for long ones until each ended, and lost its turns meanwhile.
-        ticket = ctx.ticket = self._ticket(req, model, tenant, ctx.prompt_estimate)
-        meter = Meter(free=counting)
-        # Only chat and completions must be asked for a stream's usage: the Responses and
-        # Messages APIs always send it.
-        if request.get("stream") is True and self.kind in _ASKS_FOR_USAGE:
-            request, meter = ask_for_usage(request)
-        if request is not asked:  # written once, whatever the two steps above added
-            body = json.dumps(request).encode()
-        watch = Disconnect(req.scope)
-        try:
-            key = functools.partial(prefix_key, self.kind, request)
-            answer = await self._open(model, requested, request, body, ctx, watch, key, ticket)
-        except BaseException:
-            watch.stop()
-            unreserve(ctx, self.limiter)
-            raise
-        try:
-            ctx.replica = answer.replica.endpoint
-            upstream = answer.upstream
+        return body, request, model
+
+    async def _respond(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        answer: Answer,
+        watch: Disconnect,
+        meter: Meter,
+        window: Window | None,
+        named: tuple[Model, str],
+    ) -> None:
+        """Send the answer on: whole when it came in one piece, else through a Relay."""
+        ctx = context_of(req)
+        model, requested = named
+        ctx.replica = answer.replica.endpoint
+        tracing.served_by(ctx.replica, model.name)
+        upstream = answer.upstream
+        length = upstream.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_response:
+            await self._refuse_too_large(answer, watch, int(length))
+        resp.status = upstream.status_code
+        if window is not None:
+            resp.set_headers(window.headers())
+        if ctx.ticket is not None and ctx.ticket.waited:
+            resp.set_header(QUEUE_WAIT_HEADER, str(round(ctx.ticket.waited * 1000)))
+        # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
+        # would have a browser render its bytes as a page of this gateway's origin.
+        rename: EventRename | JsonRename
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            resp.content_type = "text/event-stream"
+            # Its first event is in hand (`_open` timed it): that is the first token.
+            metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb or 0.0)
+            rename = EventRename(requested, meter)
+            answer.first = rename.feed(answer.first)
+        else:
+            resp.content_type = falcon.MEDIA_JSON
+            whole = answer.whole(self.max_response)
+            if whole is not None:
+                # The usual JSON answer came whole in its first chunk: it goes out in
+                # one piece, and the engine's connection and the replica are free before
+                # it does, with no relay to run.
+                watch.stop()
+                await answer.drop()
+                parsed = meter.read(whole)
+                tracing.answer(parsed)
+                # An engine started with the served name (as llmgw starts every engine:
+                # llmgw/engines/) already says what was asked for by that name.
+                if not (isinstance(parsed, dict) and parsed.get("model") == requested):
+                    whole = renamed(whole, json.dumps(requested).encode(), complete=True)
+                if upstream.status_code == 400:
+                    whole = context_exceeded(parsed, self.kind) or whole
+                count_tokens(ctx, meter, upstream.status_code, self.limiter)
+                if watch.gone:  # left as the answer came: logged as the relay logs it
+                    raise ApiError(CLIENT_GONE, "client went away")
+                resp.data = whole
+                return
+            rename = JsonRename(requested)
+            answer.first = rename.feed(answer.first)
+            meter.part(answer.first)
+            meter.whole = True
             length = upstream.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > self.max_response:
-                await self._refuse_too_large(answer, watch, int(length))
-            resp.status = upstream.status_code
-            if window is not None:
-                resp.set_headers(window.headers())
-            if ticket is not None and ticket.waited:
-                resp.set_header(QUEUE_WAIT_HEADER, str(round(ticket.waited * 1000)))
-            # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
-            # would have a browser render its bytes as a page of this gateway's origin.
-            rename: EventRename | JsonRename
-            if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                resp.content_type = "text/event-stream"
-                # Its first event is in hand (`_open` timed it): that is the first token.
-                metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb or 0.0)
-                rename = EventRename(requested, meter)
-                answer.first = rename.feed(answer.first)
-            else:
-                resp.content_type = falcon.MEDIA_JSON
-                whole = answer.whole(self.max_response)
-                if whole is not None:
-                    # The usual JSON answer came whole in its first chunk: it goes out in
-                    # one piece, and the engine's connection and the replica are free before
-                    # it does, with no relay to run.
-                    watch.stop()
-                    await answer.drop()
-                    parsed = meter.read(whole)
-                    # An engine started with the served name (as llmgw starts every engine:
-                    # llmgw/engines.py) already says what was asked for by that name.
-                    if not (isinstance(parsed, dict) and parsed.get("model") == requested):
-                        whole = renamed(whole, json.dumps(requested).encode(), complete=True)
-                    if upstream.status_code == 400:
-                        whole = context_exceeded(parsed, self.kind) or whole
-                    count_tokens(ctx, meter, upstream.status_code, self.limiter)
-                    if watch.gone:  # left as the answer came: logged as the relay logs it
-                        raise ApiError(CLIENT_GONE, "client went away")
-                    resp.data = whole
-                    return
-                rename = JsonRename(requested)
-                answer.first = rename.feed(answer.first)
-                meter.part(answer.first)
-                meter.whole = True
-                length = upstream.headers.get("content-length")
-                if rename.done and length is not None and length.isdigit():
-                    resp.content_length = int(length) + rename.growth
-            ctx.streaming = True  # the access log's line is the relay's to write, at its end
-            resp.stream = Relay(self, req, answer, watch, rename, meter)
-        except BaseException:
-            # Until the Relay owns the answer, the replica's count and the engine's
-            # connection are ours to give back.
-            watch.stop()
-            await answer.drop()
-            unreserve(ctx, self.limiter)
-            raise
+            if rename.done and length is not None and length.isdigit():
+                resp.content_length = int(length) + rename.growth
+        ctx.streaming = True  # the access log's line is the relay's to write, at its end
+        resp.stream = Relay(self, req, answer, watch, rename, meter)
 
-    def _ticket(
-        self, req: falcon.asgi.Request, model: Model, tenant: Tenant | None, cost: int
-    ) -> Ticket | None:
-        """The request's place in line for a slot of `model` (gateway/schedule/)."""
-        if self.scheduler is None:
-            return None
-        band = band_of(tenant.priority if tenant is not None else None, req.get_header(PRIORITY_HEADER))
-        key = tenant.name if tenant is not None else "anonymous"
-        return self.scheduler.ticket(model.name, key, band, tenant.share if tenant is not None else 1.0, cost)
-
-    async def _slot(
-        self, ticket: Ticket, candidates: list[tuple[Profile, Replica]], watch: Disconnect, table: RouteTable
-    ) -> tuple[Profile, Replica]:
-        """The candidate whose slot the request was granted, taken out of `candidates`."""
-        slots: dict[str, int] = {}
-        for profile, replica in candidates:
-            slots.setdefault(replica.endpoint, profile.slots)
-        rooms = {e: table.rooms[e] for e in slots if e in table.rooms} if table.rooms else {}
-        watch.waiting = True
+    async def _open_or_fall_back(
+        self,
+        model: Model,
+        requested: str,
+        request: dict[str, Any],
+        body: bytes,
+        ctx: RequestContext,
+        watch: Disconnect,
+        key: Callable[[], int | None],
+    ) -> tuple[Answer, Model]:
+        """The model's answer and the model that gave it: the model itself, or when it could
+        not take the request or its replica failed before the first byte, the first of its
+        fallbacks that answers and that the key may use. A 4xx is the caller's own error and
+        is never tried elsewhere; when every fallback fails too, the model's own failure is
+        the answer, since it is the model the client asked for."""
+        failure: ApiError | Answer
         try:
-            endpoint = await ticket.take(slots, rooms)
-        except asyncio.CancelledError:
-            if watch.absorb():
-                raise ApiError(CLIENT_GONE, "client went away") from None
+            answer = await self._open(model, requested, request, body, ctx, watch, key)
+        except ApiError as exc:
+            if exc.status not in _FALL_BACK_ON or not model.listing.get("fallbacks"):
+                raise
+            failure = exc
+        else:
+            if answer.upstream.status_code < 500 or not model.listing.get("fallbacks"):
+                return answer, model
+            failure = answer
+        try:
+            for other in self._fallbacks(model, ctx):
+                asked = {**request, "model": other.name}
+                content = json.dumps(asked).encode()
+                try:
+                    answer = await self._open(other, other.name, asked, content, ctx, watch, key)
+                except ApiError as exc:
+                    if exc.status not in _FALL_BACK_ON:
+                        raise
+                    log.info("request %s: fallback %s failed too (%s)", ctx.request_id, other.name, exc.code)
+                    continue
+                if answer.upstream.status_code >= 500:
+                    answer.release()
+                    continue
+                if isinstance(failure, Answer):
+                    failure.release()
+                metrics.FALLBACKS.labels(model.name, other.name).inc()
+                log.info("request %s: %s could not answer; %s did", ctx.request_id, model.name, other.name)
+                return answer, other
+        except BaseException:
+            if isinstance(failure, Answer):
+                failure.release()
             raise
-        finally:
-            watch.waiting = False
-        for i, (_, replica) in enumerate(candidates):
-            if replica.endpoint == endpoint:
-                return candidates.pop(i)
-        raise AssertionError(f"granted {endpoint}, not a candidate")  # the store grants only candidates
+        if isinstance(failure, ApiError):
+            raise failure
+        return failure, model
+
+    def _fallbacks(self, model: Model, ctx: RequestContext) -> list[Model]:
+        """The model's fallbacks this request may go to: served now, of an endpoint this kind
+        answers, and allowed to the key (a key must not reach a model through another's)."""
+        usable = []
+        for name in model.listing.get("fallbacks", ()):
+            try:
+                other = ctx.table.lookup(name)  # by name or alias, as the catalogue may say
+            except ApiError:  # not served by this plan
+                continue
+            if other.task not in self.api.tasks:
+                continue
+            if ctx.tenant is not None and not ctx.tenant.may_use(other.names()):
+                continue
+            usable.append(other)
+        return usable
 
     async def _open(
         self,
@@ -316,12 +389,12 @@ class Proxy:
         ctx: RequestContext,
         watch: Disconnect,
         key: Callable[[], int | None],
-        ticket: Ticket | None = None,
     ) -> Answer:
         headers = [
             (b"content-type", b"application/json"),
             (b"x-request-id", ctx.request_id.encode()),
             (VIA_HEADER.encode(), self.instance.encode()),
+            *tracing.propagation(),  # the engine's spans join this request's trace
         ]
         rewritten: dict[str, bytes] = {}
         tried = not_ready = 0
@@ -330,6 +403,7 @@ class Proxy:
         # only then is it known whose fault it was (see `_blame`).
         faulted: Answer | None = None
         self.budget.request()
+        ticket = ctx.ticket = ticket_for(self.scheduler, model, ctx)
         try:
             candidates = list(model.candidates(key))
             while candidates:
@@ -342,19 +416,14 @@ class Proxy:
                     if faulted is not None:
                         ctx.ttfb = time.perf_counter() - ctx.start
                         return faulted
-                    raise ApiError(
-                        502,
-                        f"{model.name} could not answer: {last}. The gateway did not try another "
-                        "replica because many requests are failing right now (its retry budget "
-                        "is spent); retry shortly.",
-                        type="upstream_error",
-                        code="upstream_unreachable",
-                    )
+                    raise _budget_spent(model, last)
                 tried += 1
                 if ticket is None:
                     profile, replica = candidates.pop(0)
                 else:
-                    profile, replica = await self._slot(ticket, candidates, watch, ctx.table)
+                    profile, replica = await take_slot(ticket, candidates, watch, ctx.table.plan)
+                if tried > 1:
+                    tracing.retried(replica.endpoint, last)
                 served = profile.served_name
                 if served == requested:
                     content = body
@@ -393,8 +462,12 @@ class Proxy:
             # error says more than a 502 would.
             ctx.ttfb = time.perf_counter() - ctx.start
             return faulted
+        raise self._none_answered(model, tried, not_ready, last)
+
+    def _none_answered(self, model: Model, tried: int, not_ready: int, last: str) -> ApiError:
+        """Why no replica answered: none in rotation, every one still loading, or every one failed."""
         if not tried:
-            raise ApiError(
+            return ApiError(
                 503,
                 f"No replica of {model.name} is in rotation right now"
                 + ("" if model.has_replicas() else " (the plan places none)")
@@ -403,8 +476,17 @@ class Proxy:
                 code="no_healthy_replica",
                 headers={"Retry-After": self.retry_after},
             )
-        if not_ready == tried:
+        if isinstance(last, _AgentSilent) and not_ready == tried:
             raise ApiError(
+                503,
+                f"{model.name} starts on demand, and {last} Retry in {self.retry_after}s; "
+                "start `llmgw node` there (or make it reachable), or place the model on another node.",
+                type="service_unavailable",
+                code="agent_unreachable",
+                headers={"Retry-After": self.retry_after},
+            )
+        if not_ready == tried:
+            return ApiError(
                 503,
                 f"{model.name} is not ready yet: its engine is still loading ({last}). "
                 f"Retry in {self.retry_after}s; /dashboard shows when it is in rotation.",
@@ -412,7 +494,7 @@ class Proxy:
                 code="model_not_ready",
                 headers={"Retry-After": self.retry_after},
             )
-        raise ApiError(
+        return ApiError(
             502,
             f"Every replica of {model.name} failed ({tried} tried; last: {last}). "
             "Retry shortly; if it persists, the engines need attention.",
@@ -421,12 +503,7 @@ class Proxy:
         )
 
     async def _ask(
-        self,
-        model: Model,
-        replica: Replica,
-        outgoing: Outgoing,
-        watch: Disconnect,
-        ticket: Ticket | None = None,
+        self, model: Model, replica: Replica, outgoing: Outgoing, watch: Disconnect, ticket: Ticket | None
     ) -> Answer | str:
         """One replica's answer (counted in flight until it is released), or why the
         replica did not take the request; ApiError when no other replica may be tried."""
@@ -437,8 +514,14 @@ class Proxy:
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
             self.outliers.failed(model, replica, f"request failed: {type(exc).__name__}")
             return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
+        except AgentSilent as exc:
+            return _AgentSilent(str(exc))
         except (TimeoutError, httpx.TimeoutException):
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
+            if not replica.healthy:
+                # Marked down by its health checks while this request waited: silent, not
+                # slow. Nothing reached the client, so another replica may answer it.
+                return f"{replica.endpoint} went silent (its health checks fail)"
             self.outliers.failed(model, replica, f"no first byte within {self.first_byte_timeout:g}s")
             raise ApiError(
                 504,
@@ -512,25 +595,32 @@ class Proxy:
             # The slot goes back with the replica's count, however the answer ends.
             hold.then(functools.partial(ticket.give_back, ticket.id))
         try:
-            if replica.agent is not None and self.demand is not None:
+            if replica.agent is not None and self.leases is not None:
+                if watch.gone:
+                    # Gone before the wait began, so nothing cancels it: asking the agent
+                    # now would start (and make room for) an engine nobody waits for.
+                    raise ApiError(CLIENT_GONE, "client went away")
                 # Held here until its agent has the engine ready (a client that leaves
                 # meanwhile cancels the wait); the first-byte allowance starts after.
-                lease = await self.demand.lease(model, replica)
-                hold.then(functools.partial(self.demand.release, replica, lease))
-            async with asyncio.timeout(self.first_byte_timeout):
-                upstream = await self.upstream.post(
-                    replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
-                )
-                chunks = upstream.aiter_raw()
-                if upstream.status_code in _REPLICA_TROUBLE:
-                    return Answer(upstream, hold, chunks, b"")  # not read: it is retried
-                if upstream.status_code >= 500:
-                    # Read whole, in case it is passed on: whether it is, only the next
-                    # replica's answer can tell.
-                    error = await read_error(chunks)
-                    await upstream.aclose()
-                    return Answer(upstream, hold, no_chunks(), error)
-                first = await anext(chunks, b"")
+                with tracing.waiting("engine load", replica.endpoint):
+                    lease = await self.leases.lease(model, replica)
+                hold.then(functools.partial(self.leases.release, replica, lease))
+            # Cut short should health checks mark the replica down meanwhile (Health.waiting).
+            async with asyncio.timeout(self.first_byte_timeout) as clock:
+                with self.health.waiting(replica, clock):
+                    upstream = await self.upstream.post(
+                        replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
+                    )
+                    chunks = upstream.aiter_raw()
+                    if upstream.status_code in _REPLICA_TROUBLE:
+                        return Answer(upstream, hold, chunks, b"")  # not read: it is retried
+                    if upstream.status_code >= 500:
+                        # Read whole, in case it is passed on: whether it is, only the next
+                        # replica's answer can tell.
+                        error = await read_error(chunks)
+                        await upstream.aclose()
+                        return Answer(upstream, hold, no_chunks(), error)
+                    first = await anext(chunks, b"")
         except BaseException:
             watch.waiting = False
             hold.release()
@@ -541,3 +631,14 @@ class Proxy:
         finally:
             watch.waiting = False
         return Answer(upstream, hold, chunks, first)
+
+
+def _budget_spent(model: Model, last: str) -> ApiError:
+    return ApiError(
+        502,
+        f"{model.name} could not answer: {last}. The gateway did not try another "
+        "replica because many requests are failing right now (its retry budget "
+        "is spent); retry shortly.",
+        type="upstream_error",
+        code="upstream_unreachable",
+    )

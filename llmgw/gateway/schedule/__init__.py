@@ -9,7 +9,7 @@ queue.py     a request's place in line (`Ticket.take`, `Ticket.give_back`), the 
 from __future__ import annotations
 
 from llmgw.gateway.schedule.policy import BANDS
-from llmgw.gateway.schedule.queue import Scheduler, Ticket, band_of, slots_of
+from llmgw.gateway.schedule.queue import Scheduler, Ticket, band_of
 from llmgw.gateway.schedule.store import LocalStore, Store
 
-__all__ = ["BANDS", "LocalStore", "Scheduler", "Store", "Ticket", "band_of", "slots_of"]
+__all__ = ["BANDS", "LocalStore", "Scheduler", "Store", "Ticket", "band_of"]

@@ -18,12 +18,14 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.schedule.policy import BANDS, Waiter
+from llmgw.gateway.schedule.rooms import rooms_of
 from llmgw.gateway.schedule.store import LEASE_TTL, Ask, QueueFull, Store
 from llmgw.gateway.state import metrics
+from llmgw.plan import Plan
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -38,24 +40,6 @@ DISPATCH_EVERY = 0.5
 # what another worker may wait for it at most, when it starts waiting just then.
 FLUSH_AFTER = 0.002
 
-LLAMACPP_SLOTS = 4  # llama-server's own default for --parallel
-VLLM_SLOTS = 256  # vLLM's own default for --max-num-seqs
-
-
-def slots_of(engine: str, args: Sequence[str]) -> int:
-    """How many requests one replica serves at once, from its engine's arguments."""
-    names = ("--max-num-seqs",) if engine == "vllm" else ("--parallel", "-np")
-    default = VLLM_SLOTS if engine == "vllm" else LLAMACPP_SLOTS
-    found = default
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag not in names:
-            continue
-        text = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-        if text.strip().isdigit() and int(text) > 0:
-            found = int(text)
-    return found
-
 
 class Scheduler:
     """This worker's side of the shared line: its waiting requests' events, and the
@@ -69,9 +53,17 @@ class Scheduler:
         self._ids = itertools.count()
         self._prefix = f"{os.getpid()}.{os.urandom(3).hex()}."
         self._flushing = False
+        self._rooms: tuple[str, dict[str, str]] = ("", {})
 
     def ticket(self, model: str, key: str, band: int, share: float, cost: float) -> Ticket:
         return Ticket(self, model, key, band, share, max(1.0, cost), f"{self._prefix}{next(self._ids)}")
+
+    def rooms(self, plan: Plan) -> dict[str, str]:
+        """The plan's on-demand replicas that take turns on a node (rooms.py), by endpoint:
+        worked out once per plan."""
+        if self._rooms[0] != plan.digest:
+            self._rooms = (plan.digest, rooms_of(plan))
+        return self._rooms[1]
 
     def gave_back(self, woken: list[str]) -> None:
         """After a give_back: wake who it granted, and free a lazily given back lease soon."""

@@ -2,7 +2,7 @@
 
 Each worker is one process with one event loop; a streamed answer costs a task, not a
 thread, so a worker holds thousands of slow generations at once. Workers share only the
-metrics directory (metrics files, and the rate-limit counts: see gateway/limits.py): each
+metrics directory (metrics files, and the rate-limit counts: see gateway/request/limits.py): each
 loads the plan and the keys, checks health and watches both files on its own.
 """
 
@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.errors import PlanError, UsageError
-from llmgw.gateway.server.config import settings_from_env
+from llmgw.gateway.request.limits import state_directory
 from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
+from llmgw.gateway.settings import settings_from_env
 from llmgw.gateway.state.keys import keys_from_settings
 from llmgw.gateway.state.reload import last_good_path, read_table
 
@@ -32,7 +33,7 @@ def gunicorn_argv(bind: str, workers: int) -> list[str]:
         "llmgw.gateway.server.asgi:app",
         "--worker-class",
         # uvicorn's worker, with limits on header size and count, header and body read
-        # timeouts, and a cap on connections (see gateway/worker.py).
+        # timeouts, and a cap on connections (see gateway/server/worker.py).
         "llmgw.gateway.server.worker.Worker",
         "--workers",
         str(workers),
@@ -120,6 +121,24 @@ def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None
         warning = check_redis(settings.redis_url)
         if warning:
             print(f"llmgw: {warning}", file=sys.stderr)
+    if settings.keys_file is not None:
+        check_state_directory(state_directory(env))
+
+
+def check_state_directory(path: Path) -> None:
+    """Budget spend and usage totals are kept here across restarts: a directory the gateway
+    cannot write is found at start, not as every worker failing."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = path / f".llmgw-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot keep the gateway's state (budget spend, usage totals) in {path}: "
+            f"{exc.strerror or exc}. Set LLMGW_STATE_DIR to a directory the gateway may write "
+            "that survives a restart."
+        ) from None
 
 
 def serve(plan: Path, bind: str, workers: int) -> None:

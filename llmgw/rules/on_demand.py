@@ -14,6 +14,8 @@ from llmgw.rules.context import Context
 
 
 def check(ctx: Context) -> Iterator[Finding]:
+    if ctx.kubernetes:
+        yield from unsupported_on_kubernetes(ctx.entries)
     for entry in ctx.entries:
         for profile in entry.spec.profiles:
             path = entry.profile_path(profile)

@@ -29,9 +29,15 @@ class Settings:
     chunk_timeout: float = 60.0
     health_interval: float = 2.0
     health_failures: int = 3
+    # One probe's whole exchange: an engine's /health answers in milliseconds even while it
+    # generates, so a second without an answer is a silent replica (docs/faults.md).
+    health_timeout: float = 1.0
+    # Each call to a node's agent, beyond the wait it is asked for: a vanished agent costs
+    # a request this much, once, before another node is asked (request/lease.py).
+    agent_timeout: float = 2.0
     reload_interval: float = 0.5
     max_body_bytes: int = 8 * 1024 * 1024
-    # How the server itself is run (see gateway/worker.py).
+    # How the server itself is run (see gateway/server/worker.py).
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
     header_timeout: float = 10.0
@@ -45,7 +51,7 @@ class Settings:
     # Where DNS names that list replicas are looked up: None for the system's resolvers.
     dns_servers: tuple[tuple[str, int], ...] | None = None
     dns_interval: float = 5.0  # the longest an answer is kept, whatever its TTL says
-    # Outlier ejection and the retry budget (see gateway/outlier.py).
+    # Outlier ejection and the retry budget (see gateway/state/outlier.py).
     eject_after: int = 5
     eject_time: float = 30.0
     eject_max_time: float = 600.0
@@ -54,7 +60,7 @@ class Settings:
     # An answer is cut off past this many bytes: no engine's honest answer comes near it,
     # and relaying an endless one would tie up a worker and the client's memory.
     max_response_bytes: int = 64 * 1024 * 1024
-    # On-demand engines (gateway/demand.py): how long a request waits for one to load, and
+    # On-demand engines (gateway/request/lease.py): how long a request waits for one to load, and
     # how many may wait per model in one worker.
     load_timeout: float = 120.0
     max_held: int = 64
@@ -86,6 +92,8 @@ _FLOATS = {
     "LLMGW_FIRST_BYTE_TIMEOUT": "first_byte_timeout",
     "LLMGW_CHUNK_TIMEOUT": "chunk_timeout",
     "LLMGW_HEALTH_INTERVAL": "health_interval",
+    "LLMGW_HEALTH_TIMEOUT": "health_timeout",
+    "LLMGW_AGENT_TIMEOUT": "agent_timeout",
     "LLMGW_RELOAD_INTERVAL": "reload_interval",
     "LLMGW_HEADER_TIMEOUT": "header_timeout",
     "LLMGW_BODY_TIMEOUT": "body_timeout",
