@@ -100,6 +100,7 @@ class Engine:
         self.max_tokens_seen: list[Any] = []
         self.streamed_bytes = 0
         self.last: dict[str, Any] | None = None  # the last API request, as it arrived
+        self.traceparents: list[str] = []  # W3C trace context the requests carried
         self.slots = slots
         self.service_s = service_s
         self.in_flight = 0
@@ -139,7 +140,6 @@ class Engine:
                 self.waiting.popleft().set_result(None)
             else:
                 self.working -= 1
-        self.traceparents: list[str] = []  # W3C trace context the requests carried
 
     def stats(self) -> dict[str, Any]:
         return {
