@@ -87,9 +87,11 @@ class RedisStore:
         self.holder = f"{os.uname().nodename}:{os.getpid()}"
         self.redis = redis.Redis.from_url(
             url,
-            socket_timeout=max(timeout, 0.5),
-            socket_connect_timeout=max(timeout, 0.5),
-            retry=Retry(NoBackoff(), 1),
+            # As the rate limits wait for it (LLMGW_REDIS_TIMEOUT), and never again: a Redis
+            # that does not answer must cost a request at most that, then the local line.
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
             health_check_interval=30,
         )
         self._take = self.redis.register_script(_TAKE)
@@ -192,7 +194,7 @@ class RedisStore:
         at once; again if another instance wrote first. Waiting id → endpoint granted."""
         keys = self._keys(model)
         with self.redis.pipeline() as pipe:
-            while True:
+            for _ in range(50):
                 try:
                     pipe.watch(*keys)  # type: ignore[no-untyped-call]
                     state = _State(model, *(pipe.hgetall(k) for k in keys))
@@ -204,6 +206,7 @@ class RedisStore:
                     return granted
                 except redis.WatchError:
                     continue
+        raise redis.RedisError(f"the line of {model} kept changing under 50 tries")
 
 
 class _State:
@@ -307,6 +310,9 @@ class Shared:
         self.shared = shared
         self.local = local
         self.where: dict[str, Store] = {}
+        # What each request waiting on Redis asked: asked again of the local line, in its
+        # place (its first arrival), should Redis stop answering while it waits.
+        self.asks: dict[str, Ask] = {}
         self.down_until = 0.0
         self.reason: str | None = None
 
@@ -318,7 +324,9 @@ class Shared:
             return fallback()
         try:
             result = call()
-        except (redis.RedisError, OSError) as exc:
+        except QueueFull:
+            raise  # the key's answer, not Redis failing
+        except Exception as exc:  # noqa: BLE001 - down, frozen, or answering nonsense: all one to a request
             self.down_until = time.monotonic() + RETRY_EVERY
             if self.reason is None:
                 log.error("scheduling on this instance alone: Redis failed (%s)", type(exc).__name__)
@@ -331,22 +339,47 @@ class Shared:
         def on(store: Store) -> Callable[[], tuple[str | None, list[str]]]:
             def run() -> tuple[str | None, list[str]]:
                 self.where[ask.waiter.id] = store
-                return store.ask(ask)
+                endpoint, woken = store.ask(ask)
+                if endpoint is None and store is self.shared:
+                    self.asks[ask.waiter.id] = ask
+                return endpoint, woken
 
             return run
 
         return self._guard(on(self.shared), on(self.local))
 
     def granted(self, model: str, id: str) -> str | None:
-        store = self._store(id)
-        return self._guard(lambda: store.granted(model, id), lambda: None)
+        if self.where.get(id) is self.local:
+            return self.local.granted(model, id)
+        found = self._guard(lambda: self.shared.granted(model, id), lambda: self._moved(id))
+        if found is not None:
+            self.asks.pop(id, None)
+        return found
+
+    def _moved(self, id: str) -> str | None:
+        """A request waiting on Redis while Redis fails: it joins the local line instead, in
+        its place, rather than wait out LLMGW_QUEUE_WAIT for a grant that cannot come."""
+        ask = self.asks.pop(id, None)
+        if ask is None:
+            return None
+        self.where[id] = self.local
+        try:
+            return self.local.ask(ask)[0]
+        except QueueFull:
+            return None
 
     def give_back(self, model: str, id: str, correction: float = 0.0) -> list[str]:
         store = self.where.pop(id, self.shared)
+        self.asks.pop(id, None)
+        if store is self.local:
+            return store.give_back(model, id, correction)
         return self._guard(lambda: store.give_back(model, id, correction), list)
 
     def leave(self, model: str, id: str) -> list[str]:
         store = self.where.pop(id, self.shared)
+        self.asks.pop(id, None)
+        if store is self.local:
+            return store.leave(model, id)
         return self._guard(lambda: store.leave(model, id), list)
 
     def dispatch(self, model: str) -> list[str]:
