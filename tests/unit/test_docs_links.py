@@ -68,7 +68,9 @@ def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
 
 def test_the_readme_stays_a_newcomers_page() -> None:
     lines = (ROOT / "README.md").read_text().count("\n")
-    assert lines <= 500, f"README.md is {lines} lines; move detail into docs/ by topic, keep a line pointing there"
+    assert lines <= 500, (
+        f"README.md is {lines} lines; move detail into docs/ by topic, keep a line pointing there"
+    )
 
 
 def test_the_readme_maps_every_doc() -> None:
