@@ -164,3 +164,21 @@ def test_label_keys_with_colons_are_quoted_too(meminfo: Path, tmp_path: Path) ->
                          labels=parse_labels(("rack:1=x",)))
     node = YAML(typ="safe").load("nodes:\n" + entry_yaml(inv.entry))["nodes"][0]
     assert node["labels"] == {"rack:1": "x"}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--address", "127.0.0.5"),
+        ("--address", "127.0.0.5", "--format", "json"),
+        ("--kubernetes", "tests/unit/kubectl/gpu-nodes.json"),
+        ("--kubernetes", "tests/unit/kubectl/gpu-nodes.json", "--format", "json"),
+    ],
+    ids=["yaml", "json", "kubernetes", "kubernetes-json"],
+)
+def test_what_inventory_writes_ends_with_one_newline(args: tuple[str, ...]) -> None:
+    """Redirected into fleet.yaml, the file ends as a text file should: editors and `git diff`
+    flag a last line without its newline ("\\ No newline at end of file")."""
+    result = run_llmgw("inventory", *args)
+    assert result.code == 0, result
+    assert result.stdout.endswith("\n") and not result.stdout.endswith("\n\n"), repr(result.stdout[-40:])
