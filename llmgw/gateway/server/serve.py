@@ -8,8 +8,10 @@ loads the plan and the keys, checks health and watches both files on its own.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -101,6 +103,20 @@ def check_bind(bind: str) -> None:
     host, sep, port = bind.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise UsageError(f"--bind {bind!r} is not HOST:PORT; e.g. --bind 127.0.0.1:8080.")
+    # gunicorn retries a taken address five times a second apart, printing a raw error for
+    # each, and then exits 1; one try here says it at once, as `llmgw up` does.
+    host = host.strip("[]")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(
+                    f"{host}:{port} is taken by another process, so the gateway was not started; "
+                    "stop what holds it, or pass --bind HOST:PORT with a free port."
+                ) from None
+            raise UsageError(f"cannot listen on --bind {bind}: {exc.strerror or exc}.") from None
 
 
 def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None:
