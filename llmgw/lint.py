@@ -94,6 +94,7 @@ def _lint(catalog: Path, fleet_path: Path, previous: Plan | None, kubernetes: bo
         findings.extend(demand.unsupported_on_kubernetes(entries))
     placement = place(entries, fleet, previous, changed)
     findings.extend(placement.findings)
+    findings.extend(demand.crowded(entries, placement))
     findings.sort()
     return LintResult(
         catalog.as_posix(), fleet, fleet_doc, entries, documents, findings, placement, len(files)
