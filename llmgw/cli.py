@@ -650,12 +650,18 @@ def node_status_command(agent_url: str) -> None:
     show_default=True,
     help="The plan, fleet, engine logs and records.",
 )
-def up_command(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> None:
+@click.option(
+    "--memory-gb",
+    type=float,
+    metavar="GB",
+    help="How much of this machine's memory the plan may use; all of it when absent.",
+)
+def up_command(catalog: Path, bind: str, status_bind: str, state_dir: Path, memory_gb: float | None) -> None:
     """Run CATALOG on this machine alone: plan it onto a one-node fleet, start the engines and the
     gateway, and stop them all on Ctrl-C."""
     from llmgw.up import up
 
-    sys.exit(up(catalog, bind, status_bind, state_dir))
+    sys.exit(up(catalog, bind, status_bind, state_dir, memory_gb))
 
 
 # Other orchestrators: the plan rendered into their files. `fetch` runs in their containers.

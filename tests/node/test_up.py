@@ -212,3 +212,32 @@ def test_an_edited_catalogue_is_linted_first_and_a_bad_edit_leaves_the_old_plan_
         out.wait_for("llmgw up: applied plan")
         assert json.loads(plan.read_text())["digest"] != serving
         wait_until(lambda: _served(bind) == ["m", "m2"], 30, "the gateway serving the new model")
+
+
+def _up_once(root: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """up run to its first refusal: nothing here gets as far as starting an engine."""
+    catalog = root / "catalog"
+    catalog.mkdir()
+    (catalog / "weights.gguf").write_bytes(b"GGUF" + bytes(64))
+    (catalog / "m.yaml").write_text(chat_model("m").replace("min_memory_gb: 0.1", "min_memory_gb: 2"))
+    return subprocess.run(
+        [sys.executable, "-m", "llmgw", "up", "catalog", "--bind", f"127.0.0.1:{free_port()}",
+         "--status-bind", f"127.0.0.1:{free_port()}", "--state-dir", "state", *extra],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_up_memory_gb_is_what_the_plan_may_use_of_this_machine(tmp_path: Path) -> None:
+    done = _up_once(tmp_path, "--memory-gb", "1.5")
+    assert done.returncode == 1, done.stderr
+    assert "a replica needs 2 GB" in done.stderr and "1.5 GB" in done.stderr, done.stderr
+    fleet = (tmp_path / "state" / "fleet.yaml").read_text()
+    assert "memory_gb: 1.5\n" in fleet, fleet
+    assert not (tmp_path / "state" / "plan.json").exists()
+
+
+def test_up_memory_gb_beyond_this_machine_is_one_sentence(tmp_path: Path) -> None:
+    done = _up_once(tmp_path, "--memory-gb", "100000")
+    assert done.returncode == 2, done.stderr
+    assert "--memory-gb 100000 is not a share of this machine, which has" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "state").exists()
