@@ -160,3 +160,17 @@ def test_more_on_demand_replicas_of_one_profile_than_a_node_holds_at_once_are_a_
 def test_on_demand_replicas_that_fit_together_say_nothing(tmp_path):
     result = lint_of(tmp_path, {"a.yaml": model("a", 4, extra="    replicas: 2\n")})
     assert not [f for f in result.findings if f.rule == "on-demand"], result.findings
+
+
+def test_the_diff_says_what_the_author_wrote_in_the_authors_units(tmp_path):
+    # The file says `start: on-demand` and `idle_stop: 5m`; the plan keeps seconds, the
+    # reviewer reads the file's words, and the default `always` rather than "(none)".
+    old = plan_of(tmp_path / "old", {"a.yaml": model("a", 4, start=None)})
+    new = plan_of(tmp_path / "new", {"a.yaml": model("a", 4.5, extra="    idle_stop: 5m\n")}, previous=old)
+    diff = diff_plans(old, new)
+    lines = diff_lines(diff)
+    assert "    profile cpu start: always → on-demand" in lines, lines
+    assert "    profile cpu idle_stop: (none) → 5m" in lines, lines
+    assert "    profile cpu memory_gb: 4 GB → 4.5 GB" in lines, lines
+    comment = diff_markdown(diff)
+    assert "profile cpu idle_stop (none) → 5m" in comment and "idle_stop_s" not in comment, comment
