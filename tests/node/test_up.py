@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,10 +29,10 @@ def _catalog(root: Path) -> Path:
     return catalog
 
 
-def _up(root: Path, bind: str, status_bind: str) -> subprocess.Popen[bytes]:
+def _up(root: Path, bind: str, status_bind: str, **extra: str) -> subprocess.Popen[bytes]:
     bin_dir = stand_in_bin(root / "bin", "llama-server")
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "STAND_IN_DIR": str(bin_dir),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), **extra}
     env.pop("LLMGW_LLAMA_SERVER", None)
     argv = [sys.executable, "-m", "llmgw", "up", str(_catalog(root)), "--bind", bind,
             "--status-bind", status_bind, "--state-dir", str(root / "state")]
@@ -241,3 +242,44 @@ def test_up_memory_gb_beyond_this_machine_is_one_sentence(tmp_path: Path) -> Non
     assert done.returncode == 2, done.stderr
     assert "--memory-gb 100000 is not a share of this machine, which has" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "state").exists()
+
+
+def test_the_terminal_has_the_banner_and_engine_events_and_the_access_log_a_file(tmp_path: Path) -> None:
+    with _running_up(tmp_path) as (_, out, bind):
+        out.wait_for("llmgw up: serving m")
+        out.wait_for("llmgw up: m ready")
+        assert "m: answers 503 until its engine has loaded" in out.text, out.text
+        answer = httpx.post(
+            f"http://{bind}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=10,
+        )
+        assert answer.status_code == 200, answer.text
+        log = tmp_path / "state" / "gateway.log"
+        wait_until(lambda: '"/v1/chat/completions"' in log.read_text(), 10, "the request in gateway.log")
+        assert str(log) in out.text, "the banner says where the access log went"
+        assert '"request_id"' not in out.text and "[INFO]" not in out.text, out.text
+
+
+def test_a_second_ctrl_c_stops_at_once_what_a_first_stops_gracefully(tmp_path: Path) -> None:
+    status = f"127.0.0.1:{free_port()}"
+    proc = _up(tmp_path, f"127.0.0.1:{free_port()}", status, STAND_IN_IGNORE_TERM="1")
+    out = _Output(proc)
+    try:
+        out.wait_for("llmgw up: m ready")
+        engine_pid = json.loads((tmp_path / "bin" / "starts.jsonl").read_text().splitlines()[-1])["pid"]
+        proc.send_signal(signal.SIGINT)
+        out.wait_for("Ctrl-C again to stop at once")
+        # The engine ignores SIGTERM: the first Ctrl-C alone would wait out the agent's grace.
+        pressed = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        took = time.monotonic() - pressed
+        # The agent's grace under up is 5 s, and the engine would have used all of it.
+        assert took < 4, f"up took {took:.1f} s to stop after the second Ctrl-C:\n{out.text}"
+        wait_until(lambda: not _alive(engine_pid), 10, "the engine killed with everything else")
+        assert "Traceback" not in out.text and "KeyboardInterrupt" not in out.text, out.text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
