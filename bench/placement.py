@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llmgw.catalogue import Entry  # noqa: E402
-from llmgw.lint import _fleet_consistency  # noqa: E402
+from llmgw.rules.fleet import fleet_problems  # noqa: E402
 from llmgw.load import Document  # noqa: E402
 from llmgw.model import Fleet, ModelSpec  # noqa: E402
 from llmgw.place import place  # noqa: E402
@@ -93,7 +93,7 @@ def measure(nodes: int, per_node: int) -> dict[str, float]:
     doc = Document("fleet.yaml", "", {})
     gc.collect()  # the garbage of building the catalogue is not what is timed
     t0 = time.perf_counter()
-    problems = _fleet_consistency(the_fleet, doc)
+    problems = fleet_problems(the_fleet, doc)
     t1 = time.perf_counter()
     findings = run_rules(Context(entries, the_fleet))
     t2 = time.perf_counter()

@@ -15,7 +15,7 @@ import os
 import falcon
 import falcon.asgi
 
-from llmgw.gateway.request.upstream import FastTransport
+from llmgw.gateway.upstream import FastTransport
 
 _host, _, _port = os.environ.get("LLMGW_FLOOR_ENGINE", "127.0.0.1:0").rpartition(":")
 _ENGINE = (_host, int(_port))

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw import __version__
+from llmgw.capacity import Slot
 from llmgw.catalogue import Entry
+from llmgw.engines import ctx_size_for, gpus_for
 from llmgw.errors import PlanError
 from llmgw.lint import LintResult
 from llmgw.model import Node, Profile
-from llmgw.place import Slot
 from llmgw.plan import (
     FORMAT_VERSION,
     FileRef,
@@ -247,9 +248,9 @@ def _profile(
         engine=profile.engine,
         priority=profile.priority,
         weight=profile.weight,
-        ctx_size=spec.ctx_size_for(profile),
+        ctx_size=ctx_size_for(spec, profile),
         args=tuple(profile.args),
-        gpus=profile.gpus_needed,
+        gpus=gpus_for(profile),
         node_selector=dict(sorted(profile.node_selector.items())),
         memory=None if memory is None else PlanMemory(gb=memory.gb, source=memory.source, basis=memory.basis),
         served_name=spec.name,

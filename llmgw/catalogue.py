@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmgw.errors import InspectError
+from llmgw.errors import InspectError, UsageError
 from llmgw.load import Document
 from llmgw.memory import Memory, memory_for
 from llmgw.model import Architecture, ModelSpec, Profile
@@ -78,3 +78,24 @@ class Entry:
 
     def profile_path(self, profile: Profile) -> tuple[str | int, ...]:
         return ("profiles", self.spec.profiles.index(profile))
+
+
+MODEL_SUFFIXES = (".yaml", ".yml")
+
+
+def catalogue_files(catalog: Path) -> list[Path]:
+    if not catalog.is_dir():
+        what = "is a file" if catalog.exists() else "does not exist"
+        raise UsageError(
+            f"catalogue directory {catalog} {what}; give the folder that holds one YAML file "
+            "per model (default: catalog/)."
+        )
+    # Sorted, so findings and the plan do not depend on the order files sit on disk.
+    depth = len(catalog.parts)  # rglob's paths start with the catalogue's own parts
+    return sorted(
+        p
+        for p in catalog.rglob("*")
+        if p.suffix in MODEL_SUFFIXES
+        and not any(part.startswith(".") for part in p.parts[depth:])
+        and p.is_file()
+    )

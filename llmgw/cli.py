@@ -10,17 +10,19 @@ import datetime
 import os
 import re
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
+from click.decorators import FC
 
 from llmgw import __version__
 from llmgw.atomic import replace_file
 from llmgw.build import KubernetesTarget, build_plan
+from llmgw.engines import names
 from llmgw.errors import FleetError, LlmgwError, UsageError
 from llmgw.keys import (
     add_key,
-    add_keys_findings,
     catalogue_names,
     key_name_is_valid,
     patterns_matching_nothing,
@@ -81,6 +83,12 @@ previous_option = click.option(
 )
 
 
+def format_option(reporters: Mapping[str, object]) -> Callable[[FC], FC]:
+    """`--format`, its choices the reporters a command has; text unless told."""
+    choices = click.Choice(sorted(reporters))
+    return click.option("--format", "fmt", type=choices, default="text", show_default=True)
+
+
 keys_option = click.option(
     "--keys",
     "keys_path",
@@ -93,13 +101,7 @@ keys_option = click.option(
 @main.command("lint")
 @catalog_argument
 @fleet_option
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(sorted(REPORTERS)),
-    default="text",
-    show_default=True,
-)
+@format_option(REPORTERS)
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
 @previous_option
 @keys_option
@@ -121,18 +123,24 @@ def lint_command(
     out = sys.stdout
     previous = read_previous(previous_path) if previous_path else None
     try:
-        result = lint(catalog, fleet_path, previous=previous)
+        result = lint(catalog, fleet_path, previous=previous, keys=_keys_file(keys_path))
     except FleetError as exc:
         if fmt == "text":
             raise  # the sentence and its findings, on stderr, as for any error
         reporter(exc.findings, out, color=False)
         click.echo(f"llmgw: cannot use the fleet inventory {fleet_path}; fix it first.", err=True)
         sys.exit(EXIT_CANNOT_RUN)
-    add_keys_findings(result, keys_path, previous)
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
         click.echo(_summary(result), err=True)
     sys.exit(_lint_exit_code(result, strict))
+
+
+def _keys_file(keys_path: Path | None) -> Path | None:
+    """Without --keys, a keys.yaml in the working folder is the one checked."""
+    if keys_path is None and Path("keys.yaml").is_file():
+        return Path("keys.yaml")
+    return keys_path
 
 
 def _summary(result: LintResult) -> str:
@@ -193,8 +201,9 @@ def plan_command(
     """
     kubernetes = _kubernetes_target(target, namespace, cluster_domain)
     previous = read_previous(previous_path) if previous_path else None
-    result = lint(catalog, fleet_path, previous=previous, kubernetes=kubernetes is not None)
-    add_keys_findings(result, keys_path, previous)
+    result = lint(
+        catalog, fleet_path, previous=previous, kubernetes=kubernetes is not None, keys=_keys_file(keys_path)
+    )
     errors, _ = result.counts()
     if errors:
         REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))
@@ -246,13 +255,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 @main.command("inspect")
 @click.argument("source")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(sorted(INSPECT_REPORTERS)),
-    default="text",
-    show_default=True,
-)
+@format_option(INSPECT_REPORTERS)
 @click.option(
     "--write",
     is_flag=True,
@@ -294,13 +297,7 @@ def inspect_command(source: str, fmt: str, write: bool) -> None:
 @main.command("diff")
 @click.argument("old", type=click.Path(path_type=Path))
 @click.argument("new", type=click.Path(path_type=Path))
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(sorted(DIFF_REPORTERS)),
-    default="text",
-    show_default=True,
-)
+@format_option(DIFF_REPORTERS)
 @click.option(
     "--detailed-exitcode",
     is_flag=True,
@@ -694,14 +691,14 @@ def render_group() -> None:
     "images",
     multiple=True,
     metavar="ENGINE=IMAGE",
-    help="An engine's container image (llamacpp, llamacpp-gpu, vllm). Repeatable.",
+    help=f"An engine's container image ({', '.join(names())}; ENGINE-gpu for its GPU build). Repeatable.",
 )
 @click.option(
     "--executable",
     "executables",
     multiple=True,
     metavar="ENGINE=PATH",
-    help="Where the engine's program is in its image (llamacpp, vllm). Repeatable.",
+    help=f"Where the engine's program is in its image ({', '.join(names())}). Repeatable.",
 )
 @click.option("--gateway-image", default=None, help="The image built from the Containerfile [llmgw:VERSION].")
 @click.option("--gateway-replicas", type=int, default=2, show_default=True)

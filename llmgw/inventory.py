@@ -23,7 +23,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
-from llmgw.engines import executable_for
+from llmgw.engines import executable_for, names
 from llmgw.errors import UsageError
 from llmgw.schema import validator
 
@@ -31,9 +31,6 @@ from llmgw.schema import validator
 # and a model's need are compared in one unit.
 GB = 1_000_000_000
 MIB = 1024 * 1024
-
-# The engine names the catalogue uses; each is looked for as the node agent looks for it.
-ENGINES = ("llamacpp", "vllm")
 
 Which = Callable[[str], str | None]
 Run = Callable[[list[str]], str]
@@ -77,7 +74,7 @@ def take_inventory(
     # By the agent's own rule (LLMGW_LLAMA_SERVER, PATH, the `local` extra's build), so the
     # entry says what the agent here would run.
     env = os.environ if environ is None else environ
-    entry["engines"] = [e for e in ENGINES if executable_for(e, path=path, environ=env)[0] is not None]
+    entry["engines"] = [e for e in names() if executable_for(e, path=path, environ=env)[0] is not None]
     if not entry["engines"]:
         notes.append(
             "no engine found (looked for llama-server and vllm on PATH, LLMGW_LLAMA_SERVER and "

@@ -1,6 +1,6 @@
 """keys.yaml for the compiler: lint it against the catalogue, and add a key to it.
 
-The gateway reads the same file on its own (gateway/keys.py): it must not import the
+The gateway reads the same file on its own (gateway/state/keys.py): it must not import the
 compiler's stages, and the compiler must not import the gateway.
 """
 
@@ -20,10 +20,9 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 
 from llmgw.atomic import replace_file
-from llmgw.catalogue import Entry
+from llmgw.catalogue import Entry, catalogue_files
 from llmgw.errors import UsageError
 from llmgw.findings import Finding
-from llmgw.lint import LintResult, catalogue_files
 from llmgw.load import Document, load_document
 from llmgw.nesting import too_deep_at, too_deep_sentence
 from llmgw.plan import Plan
@@ -179,21 +178,6 @@ def key_name_is_valid(name: str) -> bool:
     """Whether keys.yaml's schema takes `name` as a key's name: the one rule, which the
     gateway and editors read too."""
     return proves_valid("keys")({"keys": [{"name": name, "sha256": "0" * 64}]})
-
-
-def add_keys_findings(result: LintResult, keys_path: Path | None, previous: Plan | None = None) -> None:
-    """keys.yaml's findings joined to the catalogue's: lint and plan report the same ones, so
-    a keys file lint fails also stops the plan (plan once passed it, though it "runs lint").
-    Without --keys, a keys.yaml in the working folder is the one checked."""
-    if keys_path is None and Path("keys.yaml").is_file():
-        keys_path = Path("keys.yaml")
-    if keys_path is None:
-        return
-    if not keys_path.is_file():
-        raise UsageError(
-            f"--keys {keys_path} does not exist; give the keys.yaml to check, or leave --keys out."
-        )
-    result.findings = sorted([*result.findings, *lint_keys(keys_path, result.entries, previous=previous)])
 
 
 def _text_of(path: Path) -> str:

@@ -12,18 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.catalogue import Entry
+from llmgw.catalogue import Entry, catalogue_files
 from llmgw.errors import FleetError, UsageError
 from llmgw.findings import Finding, count
+from llmgw.keys import lint_keys
 from llmgw.load import Document, load_document
-from llmgw.model import Fleet, ModelSpec, Node
+from llmgw.model import Fleet, ModelSpec
 from llmgw.place import Placement, place
 from llmgw.plan import Plan, cycle_collector_paused, file_sha256
-from llmgw.rules import demand, run_rules
+from llmgw.rules import on_demand, run_rules
 from llmgw.rules.context import Context
+from llmgw.rules.fleet import fleet_problems
 from llmgw.validate import check_document, schema_findings
-
-MODEL_SUFFIXES = (".yaml", ".yml")
 
 
 @dataclass
@@ -45,14 +45,23 @@ class LintResult:
 
 
 def lint(
-    catalog: Path, fleet_path: Path, previous: Plan | None = None, *, kubernetes: bool = False
+    catalog: Path,
+    fleet_path: Path,
+    previous: Plan | None = None,
+    *,
+    kubernetes: bool = False,
+    keys: Path | None = None,
 ) -> LintResult:
-    """`kubernetes`: the plan is for --target kubernetes, which refuses what it cannot run."""
+    """Every finding of one run. `kubernetes`: the plan is for --target kubernetes, which
+    refuses what it cannot run. `keys`: the keys file, checked against the catalogue, so a
+    keys file lint fails also stops the plan (plan once passed it, though it "runs lint")."""
     with cycle_collector_paused():
-        return _lint(catalog, fleet_path, previous, kubernetes)
+        return _lint(catalog, fleet_path, previous, kubernetes, keys)
 
 
-def _lint(catalog: Path, fleet_path: Path, previous: Plan | None, kubernetes: bool) -> LintResult:
+def _lint(
+    catalog: Path, fleet_path: Path, previous: Plan | None, kubernetes: bool, keys: Path | None
+) -> LintResult:
     files = catalogue_files(catalog)
     fleet, fleet_doc = read_fleet(fleet_path)
     findings: list[Finding] = []
@@ -89,12 +98,16 @@ def _lint(catalog: Path, fleet_path: Path, previous: Plan | None, kubernetes: bo
         entries.append(Entry(doc, ModelSpec.model_validate(data), path.parent, catalog))
     entries.sort(key=lambda e: e.spec.name)
     changed = changed_since(previous, documents)
-    findings.extend(run_rules(Context(entries, fleet, changed)))
-    if kubernetes:
-        findings.extend(demand.unsupported_on_kubernetes(entries))
+    findings.extend(run_rules(Context(entries, fleet, changed, kubernetes=kubernetes)))
     placement = place(entries, fleet, previous, changed)
     findings.extend(placement.findings)
-    findings.extend(demand.crowded(entries, placement))
+    findings.extend(on_demand.crowded(entries, placement))
+    if keys is not None:
+        if not keys.is_file():
+            raise UsageError(
+                f"--keys {keys} does not exist; give the keys.yaml to check, or leave --keys out."
+            )
+        findings.extend(lint_keys(keys, entries, previous=previous))
     findings.sort()
     return LintResult(
         catalog.as_posix(), fleet, fleet_doc, entries, documents, findings, placement, len(files)
@@ -125,24 +138,6 @@ def changed_since(previous: Plan | None, documents: list[Document]) -> frozenset
     return frozenset(d.file for d in documents if before.get(d.file) != file_sha256(d.text))
 
 
-def catalogue_files(catalog: Path) -> list[Path]:
-    if not catalog.is_dir():
-        what = "is a file" if catalog.exists() else "does not exist"
-        raise UsageError(
-            f"catalogue directory {catalog} {what}; give the folder that holds one YAML file "
-            "per model (default: catalog/)."
-        )
-    # Sorted, so findings and the plan do not depend on the order files sit on disk.
-    depth = len(catalog.parts)  # rglob's paths start with the catalogue's own parts
-    return sorted(
-        p
-        for p in catalog.rglob("*")
-        if p.suffix in MODEL_SUFFIXES
-        and not any(part.startswith(".") for part in p.parts[depth:])
-        and p.is_file()
-    )
-
-
 def read_fleet(path: Path) -> tuple[Fleet, Document]:
     """The fleet must be right before anything can be checked against it: mistakes exit 2."""
     if not path.is_file():
@@ -158,59 +153,10 @@ def read_fleet(path: Path) -> tuple[Fleet, Document]:
     if doc is None or problems:
         raise FleetError(_fleet_problems(path, problems), problems)
     fleet = Fleet.model_validate({**doc.data, "file": path.as_posix()})
-    problems = _fleet_consistency(fleet, doc)
+    problems = fleet_problems(fleet, doc)
     if problems:
         raise FleetError(_fleet_problems(path, problems), problems)
     return fleet, doc
-
-
-def _fleet_consistency(fleet: Fleet, doc: Document) -> list[Finding]:
-    problems = []
-    seen: dict[str, int] = {}
-    # Earlier nodes by address: comparing each node with every earlier one took minutes
-    # at 10,000 nodes, and only nodes sharing an address can clash.
-    at: dict[str, list[tuple[int, Node]]] = {}
-    for i, node in enumerate(fleet.nodes):
-        earlier = at.setdefault(node.address, [])
-        for j, other in earlier:
-            if _ranges_overlap(other, node):
-                # Two replicas would get one host:port, and the gateway would route both to one.
-                problems.append(
-                    doc.finding(
-                        "error",
-                        "schema",
-                        ("nodes", i, "address"),
-                        f"node '{node.name}' has the address {node.address} of node '{other.name}' "
-                        f"(node {j + 1}) with overlapping ports; give each node its own address, "
-                        "or disjoint port ranges.",
-                    )
-                )
-        if node.name in seen:
-            problems.append(
-                doc.finding(
-                    "error",
-                    "schema",
-                    ("nodes", i, "name"),
-                    f"node name '{node.name}' is used twice (also node {seen[node.name] + 1}); "
-                    "give each node its own name.",
-                )
-            )
-        seen.setdefault(node.name, i)
-        earlier.append((i, node))
-        if node.ports.first > node.ports.last:
-            problems.append(
-                doc.finding(
-                    "error",
-                    "schema",
-                    ("nodes", i, "ports"),
-                    f"ports.first {node.ports.first} is after ports.last {node.ports.last}; swap them.",
-                )
-            )
-    return problems
-
-
-def _ranges_overlap(a: Node, b: Node) -> bool:
-    return a.ports.first <= b.ports.last and b.ports.first <= a.ports.last
 
 
 def _fleet_problems(path: Path, problems: list[Finding]) -> str:

@@ -7,9 +7,10 @@ small to hold both its weights and its KV pool.
 Three ways to a figure, the first that applies:
 
     declared     min_memory_gb in the model file
-    sized        llama.cpp, and an architecture with its sizes (from the GGUF header, or
-                 written by `llmgw inspect --write`): weights + KV cache + compute buffers
-                 + llama-server itself, checked against the real engine by bench/memory.py
+    sized        the engine's own rule (`Engine.memory`): for llama.cpp, an architecture with
+                 its sizes (from the GGUF header, or written by `llmgw inspect --write`):
+                 weights + KV cache + compute buffers + llama-server itself
+                 (`sized_llamacpp`), checked against the real engine by bench/memory.py
     rough        weights + the KV cache when the layers are known, + buffers of a tenth of
                  the weights (at least 1 GB); or weights + half again, when nothing is known
 """
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
+from llmgw.engines import ctx_size_for, engine
+from llmgw.engines.base import Memory as Memory  # its home is beneath the engines, who give one
 from llmgw.model import Architecture, ModelSpec, Profile
 
 GB = 1_000_000_000
@@ -59,13 +61,6 @@ ENGINE_BYTES_PER_CELL = 512
 CHECKPOINTS_PER_PROMPT = 2
 
 
-@dataclass(frozen=True)
-class Memory:
-    gb: float
-    source: Literal["declared", "estimated"]
-    basis: str
-
-
 def memory_for(
     spec: ModelSpec,
     profile: Profile,
@@ -85,9 +80,10 @@ def memory_for(
     arch = architecture if architecture is not None else spec.architecture
     if arch is None:
         return _half_again(weights_bytes / GB)
-    ctx = spec.ctx_size_for(profile)
-    if profile.engine == "llamacpp" and arch.sized:
-        return _llamacpp(arch, profile, ctx, weights_bytes, architecture_from)
+    ctx = ctx_size_for(spec, profile)
+    sized = engine(profile.engine).memory(arch, profile, ctx, weights_bytes, architecture_from)
+    if sized is not None:
+        return sized
     kv = kv_cache_bytes(arch, ctx, LlamaCpp.of(profile, arch)) / GB
     weights = weights_bytes / GB
     buffers = max(weights * 0.1, 1.0)
@@ -140,7 +136,7 @@ class LlamaCpp:
         default = "f16" if arch.kv_bytes is None else f"{written:g} bytes"
         names = (k or default, v or default)
         return cls(
-            slots=profile.slots if explicit else AUTO_SLOTS,
+            slots=int(parallel) if explicit and parallel else AUTO_SLOTS,
             unified=unified,
             ubatch=int(ubatch) if ubatch and ubatch.isdigit() else DEFAULT_UBATCH,
             swa_full=_flag(profile, "--swa-full"),
@@ -207,7 +203,7 @@ def engine_bytes(ctx: int) -> float:
     return float(ENGINE_BYTES + ENGINE_BYTES_PER_CELL * cells(ctx))
 
 
-def _llamacpp(arch: Architecture, profile: Profile, ctx: int, weights: int, source: str) -> Memory:
+def sized_llamacpp(arch: Architecture, profile: Profile, ctx: int, weights: int, source: str) -> Memory:
     engine = LlamaCpp.of(profile, arch)
     kv = kv_cache_bytes(arch, ctx, engine)
     compute = compute_bytes(arch, ctx, engine)

@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-Engine = Literal["llamacpp", "vllm"]
+# One of llmgw.engines.names(): the model schema lists them, and checks it first.
+Engine = str
 Task = Literal["chat", "completion", "embedding", "rerank"]
 Routing = Literal["prefix", "least-loaded"]
 Start = Literal["always", "on-demand"]
@@ -26,9 +27,16 @@ def duration_s(text: str) -> int:
 
 DEFAULT_PORTS = (8001, 8099)
 
-# Engines that cannot run without a GPU: a profile using one asks for a GPU
-# unless it says otherwise.
-GPU_ENGINES = frozenset({"vllm"})
+
+
+def arg_value(args: tuple[str, ...], *flags: str) -> str | None:
+    """The value after the last of `flags` in args (`--parallel 4` or `--parallel=4`)."""
+    found = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            found = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return found
 
 
 class _Frozen(BaseModel):
@@ -95,26 +103,8 @@ class Profile(_Frozen):
     def external(self) -> bool:
         return self.endpoints is not None
 
-    @property
-    def gpus_needed(self) -> int:
-        if self.gpus is not None:
-            return self.gpus
-        return 1 if self.engine in GPU_ENGINES else 0
-
     def arg_value(self, *flags: str) -> str | None:
-        """The value after the last of `flags` in args (`--parallel 4` or `--parallel=4`)."""
-        found = None
-        for i, arg in enumerate(self.args):
-            name, eq, value = arg.partition("=")
-            if name in flags:
-                found = value if eq else (self.args[i + 1] if i + 1 < len(self.args) else None)
-        return found
-
-    @property
-    def slots(self) -> int:
-        """llama.cpp's parallel slots, among which it divides ctx_size."""
-        value = self.arg_value("--parallel", "-np")
-        return int(value) if value and value.isdigit() and int(value) > 0 else 1
+        return arg_value(self.args, *flags)
 
 
 class ModelSpec(_Frozen):
@@ -139,12 +129,6 @@ class ModelSpec(_Frozen):
 
     def replicas_for(self, profile: Profile) -> int:
         return profile.replicas if profile.replicas is not None else self.replicas
-
-    def ctx_size_for(self, profile: Profile) -> int:
-        """The engine's context pool: enough for every slot to take a full request by default."""
-        if profile.ctx_size is not None:
-            return profile.ctx_size
-        return self.context_length * (profile.slots if profile.engine == "llamacpp" else 1)
 
     def routing_order(self) -> list[Profile]:
         # Lower priority first, as with DNS SRV records; ties keep the file's order.

@@ -289,7 +289,7 @@ class Target(_Part):
 
 class PlanProfile(_Part):
     name: str
-    engine: Literal["llamacpp", "vllm"]
+    engine: str  # one of llmgw.engines.names(), as the plan schema lists them
     priority: int
     weight: int
     ctx_size: int

@@ -15,15 +15,6 @@ Format = Literal["gguf", "safetensors", "bin", "repository", "unknown"]
 
 WEIGHT_SUFFIXES = {".gguf": "gguf", ".safetensors": "safetensors", ".bin": "bin"}
 
-# Which engine reads which format. A repository id is for an engine that fetches
-# the files itself (vLLM); llama.cpp needs to be handed one GGUF file.
-READERS: dict[str, frozenset[str]] = {
-    "gguf": frozenset({"llamacpp"}),
-    "safetensors": frozenset({"vllm"}),
-    "bin": frozenset({"vllm"}),
-    "repository": frozenset({"vllm"}),
-}
-
 # model-00001-of-00004.safetensors, Llama-70B-Q4_K_M-00001-of-00002.gguf
 _SHARD = re.compile(r"-(\d{3,6})-of-(\d{3,6})\.[A-Za-z0-9]+$")
 

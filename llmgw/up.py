@@ -30,10 +30,11 @@ import httpx
 
 from llmgw.atomic import Signature, file_signature, replace_file
 from llmgw.build import build_plan
+from llmgw.catalogue import catalogue_files
 from llmgw.errors import LlmgwError, PlanError, UsageError
 from llmgw.inventory import entry_yaml, take_inventory
 from llmgw.lifetime import die_with_parent
-from llmgw.lint import LintResult, catalogue_files, lint
+from llmgw.lint import LintResult, lint
 from llmgw.model import DEFAULT_AGENT_PORT
 from llmgw.node.host import port_is_free
 from llmgw.plan import Plan, dump_plan, read_plan

@@ -143,59 +143,46 @@ def _at(data: Any, path: list[str | int]) -> Any:
 
 def _explain(doc: Document, error: ValidationError) -> list[Finding]:
     path = tuple(error.absolute_path)
-    field = _field_name(path)
     if error.validator == "additionalProperties":
         return _unknown_fields(doc, error, path)
+    return [doc.finding("error", "schema", path, _sentence(error, path, _field_name(path)))]
+
+
+def _sentence(error: ValidationError, path: tuple[str | int, ...], field: str) -> str:
+    """What is wrong at `path`, and what to write instead."""
     if path and path[-1] == "description" and (isinstance(error.instance, str) or error.instance is None):
         # `description:` with nothing after it is null, and means what "" means.
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                "description is empty. Write one or two sentences for someone "
-                "choosing between models (what it is good at, what it costs beside "
-                "its neighbours), or remove the key to leave the model undescribed.",
-            )
-        ]
+        return (
+            "description is empty. Write one or two sentences for someone "
+            "choosing between models (what it is good at, what it costs beside "
+            "its neighbours), or remove the key to leave the model undescribed."
+        )
     if error.validator == "required":
         missing = str(error.message).split("'")[1] if "'" in str(error.message) else "a field"
         where = f" in {field}" if field else ""
-        return [doc.finding("error", "schema", path, f"missing required field '{missing}'{where}; add it.")]
+        return f"missing required field '{missing}'{where}; add it."
+    if error.validator == "type" and not path and error.instance is None:
+        required = ", ".join(error.schema.get("required", []))
+        return f"the file is empty; write the fields it needs ({required}), or delete the file."
+    if error.validator == "pattern":
+        said = _pattern_sentence(error, path, field)
+    else:
+        said = _value_sentence(error, field)
+    return said if said is not None else f"{field or 'the file'}: {error.message}."
+
+
+def _value_sentence(error: ValidationError, field: str) -> str | None:
+    """A value of the wrong kind, size or count; None for what has no sentence of its own."""
     if error.validator == "enum":
         options = ", ".join(str(o) for o in error.validator_value)
         guess = get_close_matches(str(error.instance), [str(o) for o in error.validator_value], 1)
         hint = f"; did you mean '{guess[0]}'?" if guess else "."
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                f"{field} is {error.instance!r}, which is not one of: {options}{hint}",
-            )
-        ]
-    if error.validator == "type" and not path and error.instance is None:
-        required = ", ".join(error.schema.get("required", []))
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                f"the file is empty; write the fields it needs ({required}), or delete the file.",
-            )
-        ]
+        return f"{field} is {error.instance!r}, which is not one of: {options}{hint}"
     if error.validator == "type":
         want = error.validator_value
         wants = want if isinstance(want, list) else [want]
         want_text = " or ".join(_YAML_WORDS.get(w, f"a {w}") for w in wants)
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                f"{field or 'the file'} must be {want_text}, not {_describe(error.instance)}.",
-            )
-        ]
+        return f"{field or 'the file'} must be {want_text}, not {_describe(error.instance)}."
     if error.validator in ("minimum", "exclusiveMinimum", "maximum"):
         bound = error.validator_value
         need = {
@@ -203,70 +190,40 @@ def _explain(doc: Document, error: ValidationError) -> list[Finding]:
             "exclusiveMinimum": f"more than {bound}",
             "maximum": f"at most {bound}",
         }[str(error.validator)]
-        return [doc.finding("error", "schema", path, f"{field} is {error.instance}; it must be {need}.")]
+        return f"{field} is {error.instance}; it must be {need}."
     if error.validator == "minItems":
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                f"{field} is empty; list at least {error.validator_value}, or remove "
-                "the key where it is optional.",
-            )
-        ]
+        return (
+            f"{field} is empty; list at least {error.validator_value}, or remove "
+            "the key where it is optional."
+        )
     if error.validator == "uniqueItems" and isinstance(error.instance, list):
         dupes = sorted({str(x) for x in error.instance if error.instance.count(x) > 1})
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                f"{field} lists {', '.join(repr(d) for d in dupes)} more than once; keep one of each.",
-            )
-        ]
-    if error.validator == "pattern" and path and path[-1] == "address":
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                f"{field} {error.instance!r} is not a host name or IP address; write "
-                "the address the gateway reaches this node on, e.g. 127.0.0.11.",
-            )
-        ]
-    if error.validator == "pattern" and "endpoints" in path:
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                f"{field} {error.instance!r} is not an engine address the gateway "
-                "can reach; write http://HOST:PORT, optionally ending in /v1.",
-            )
-        ]
-    if error.validator == "pattern" and path and path[-1] == "sha256":
+        return f"{field} lists {', '.join(repr(d) for d in dupes)} more than once; keep one of each."
+    return None
+
+
+def _pattern_sentence(error: ValidationError, path: tuple[str | int, ...], field: str) -> str | None:
+    """A string of the wrong shape, said for what the field is; None for the schema's words."""
+    if path and path[-1] == "address":
+        return (
+            f"{field} {error.instance!r} is not a host name or IP address; write "
+            "the address the gateway reaches this node on, e.g. 127.0.0.11."
+        )
+    if "endpoints" in path:
+        return (
+            f"{field} {error.instance!r} is not an engine address the gateway "
+            "can reach; write http://HOST:PORT, optionally ending in /v1."
+        )
+    if path and path[-1] == "sha256":
         # A `|` block or a pasted `sha256sum` line ends in a newline: a hash that never matches.
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                f"{field} {error.instance!r} is not 64 hexadecimal digits and nothing else; "
-                "write the hash on one line, as `printf %s KEY | sha256sum` prints it without "
-                "the trailing ' -', or make a new key with `llmgw keys add`.",
-            )
-        ]
-    if error.validator == "pattern" and path and (path[-1] == "name" or "aliases" in path):
-        return [
-            doc.finding(
-                "error",
-                "schema",
-                path,
-                f"{field} {error.instance!r} is not a usable name: {_name_rule(str(error.validator_value))}.",
-            )
-        ]
-    subject = field or "the file"
-    return [doc.finding("error", "schema", path, f"{subject}: {error.message}.")]
+        return (
+            f"{field} {error.instance!r} is not 64 hexadecimal digits and nothing else; "
+            "write the hash on one line, as `printf %s KEY | sha256sum` prints it without "
+            "the trailing ' -', or make a new key with `llmgw keys add`."
+        )
+    if path and (path[-1] == "name" or "aliases" in path):
+        return f"{field} {error.instance!r} is not a usable name: {_name_rule(str(error.validator_value))}."
+    return None
 
 
 # A model's profile fields, which a file indented one level too little puts at the top.

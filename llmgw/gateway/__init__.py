@@ -1,22 +1,31 @@
 """The gateway: serves a plan as one OpenAI-compatible endpoint. It reads only the plan.
 
-Its folders draw a request's path, from the socket to the engine and back:
+Its folders draw a request's path, from the socket to the engine and back, each importing
+only the ones below it (tests/unit/test_boundaries.py holds it):
 
-server/     the process: `llmgw serve` (gunicorn), the worker's connection limits, settings
-            from the environment, the app factory and the ASGI entry gunicorn loads
-request/    one request's path: its typed context, access (request ids, keys, access log),
-            reading and checking the body (body), a client's leaving (gone), routing (names,
-            aliases, tiers, replicas), on-demand starts (demand), the retry loop (proxy), the
-            relay of answers (relay), the upstream connection pool, limits (per instance in
-            SQLite, or shared on Redis: limits_redis), usage
-state/      what changes under the requests: the served plan and its reloads, DNS discovery,
-            health checks, keys, outlier ejection, rates, metrics
+server/     the process: `llmgw serve` (gunicorn), the worker's connection limits, the app
+            factory and the ASGI entry gunicorn loads
 pages/      what people read: listing, readiness and admin resources, the dashboard, OpenAPI
-errors      the OpenAI-shaped error every layer raises; beneath all of them
+request/    one request's path: its typed context, access (request ids, keys, access log),
+            reading and checking the body (body), a client's leaving (gone), the prompt's
+            prefix key (prefix), an on-demand engine's lease from its agent (lease), the
+            retry loop (proxy), the relay of answers (relay), limits (per instance in SQLite,
+            or shared on Redis: limits_redis), usage
+schedule/   (reserved) fair scheduling: slots per replica, a queue per key, shares
+state/      what changes under the requests: the served plan and its reloads, the route table
+            (routes: names, aliases, tiers, replicas), DNS discovery, health checks, keys,
+            what is loaded where (loaded), outlier ejection, rates, metrics
+
+Beneath them all, shared by every room:
+
+settings    configuration, read once from the environment when a worker starts
+upstream    the connection pool to the engines
+api         one row per API kind: path, tasks, length fields, usage, error shape
+errors      the OpenAI-shaped error every layer raises
 deploy      `llmgw deploy`: the client that POSTs a plan to a gateway
 
-Arrows run server → pages → request → state → errors; state never imports request's retry
-loop or relay, and nothing here imports the compiler (load, rules, place, build).
+Arrows run server → pages → request → schedule → state → shared, never back up; nothing
+here imports the compiler (load, rules, place, build).
 """
 
 from __future__ import annotations

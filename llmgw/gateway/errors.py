@@ -26,6 +26,8 @@ from typing import Any
 import falcon
 import falcon.asgi
 
+from llmgw.gateway.api import APIS
+
 log = logging.getLogger("llmgw.gateway")
 
 
@@ -69,9 +71,18 @@ _ANTHROPIC_TYPES = {
 }
 
 
+# The paths whose clients read errors in Anthropic's shape, and the paths beneath them (an
+# unknown /v1/messages/... is still asked by an Anthropic client).
+_ANTHROPIC_PATHS = tuple(api.path for api in APIS.values() if api.errors == "anthropic")
+
+
 def speaks_anthropic(path: str) -> bool:
     """Whether a path is the Messages API's, whose clients read errors in Anthropic's shape."""
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
+    return any(path == p or path.startswith(p + "/") for p in _ANTHROPIC_PATHS)
+
+
+_PATHS = [api.path for api in APIS.values()]
+_THE_API = "the API is GET /v1/models and POST " + ", ".join(_PATHS[:-1]) + " and " + _PATHS[-1]
 
 
 def responses_error_event(message: str) -> bytes:
@@ -131,11 +142,7 @@ def serialize_http_error(
 ) -> None:
     status = exception.status_code
     if status == 404 and getattr(req.context, "api", False):
-        message = (
-            f"There is no {req.path} here; the API is GET /v1/models and POST "
-            "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages, "
-            "/v1/messages/count_tokens, /v1/rerank and /v1/tokenize."
-        )
+        message = f"There is no {req.path} here; {_THE_API}."
     elif status == 404:
         message = f"There is no {req.path} here; the API is under /v1 (see GET /v1/models)."
     elif status == 405:

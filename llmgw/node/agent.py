@@ -11,7 +11,7 @@ what changed (command line or weights) is replaced, and what did not change is n
 Nothing a replica does stops the agent: a failure is a state with a sentence.
 
 An on-demand replica (the profile's `start: on-demand`) waits in state `idle` instead, until
-the gateway acquires it (llmgw/node/demand.py); it goes back to `idle` when it is stopped
+the gateway acquires it (llmgw/node/leases.py); it goes back to `idle` when it is stopped
 for room or after its idle time, and when it fails while nobody wants it.
 """
 

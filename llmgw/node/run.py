@@ -16,7 +16,7 @@ import uvicorn
 
 from llmgw.errors import UsageError
 from llmgw.node.agent import Agent, missing_node_message, wants_for
-from llmgw.node.demand import OnDemand
+from llmgw.node.leases import OnDemand
 from llmgw.node.process import load_records
 from llmgw.node.runner import NodeError, Settings
 from llmgw.node.status import create_status_app

@@ -10,13 +10,14 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from llmgw.engines import engine_command, executable_for
+from llmgw.engines import engine, engine_command, executable_for
 from llmgw.errors import LlmgwError
 from llmgw.node.host import available_gb, port_is_free
 from llmgw.node.process import (
@@ -291,12 +292,12 @@ class Runner:
     async def _watch(self, process: EngineProcess) -> float:
         started = time.monotonic()
         ready_at: float | None = None
-        url = f"http://{self.want.host}:{self.want.port}/health"
-        if ":" in self.want.host:
-            url = f"http://[{self.want.host}]:{self.want.port}/health"
+        probe = engine(self.want.profile.engine)
+        host = f"[{self.want.host}]" if ":" in self.want.host else self.want.host
+        url = f"http://{host}:{self.want.port}{probe.health_path}"
         checks = 0
         while process.alive():
-            state = await self._health(url)
+            state = await self._health(url, probe.ready)
             if state == "ready" and ready_at is None:
                 ready_at = time.monotonic()
             self._set(state)
@@ -323,14 +324,12 @@ class Runner:
             return min(WAITED_FOR_INTERVAL_S, self.settings.health_interval_s)
         return self.settings.health_interval_s
 
-    async def _health(self, url: str) -> str:
+    async def _health(self, url: str, ready: Callable[[int], bool]) -> str:
         try:
             answer = await self.client.get(url, timeout=2.0)
         except httpx.HTTPError:
             return "starting"
-        if answer.status_code == 200:
-            return "ready"
-        return "loading"
+        return "ready" if ready(answer.status_code) else "loading"
 
     async def stop(self) -> None:
         """Stop the engine because the plan no longer has it (or the agent stops)."""

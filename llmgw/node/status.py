@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from llmgw.node.agent import Agent
-from llmgw.node.demand import OnDemand, Refusal
+from llmgw.node.leases import OnDemand, Refusal
 
 # An acquire or release body is a line of JSON; anything bigger is not from the gateway.
 BODY_LIMIT = 16 * 1024

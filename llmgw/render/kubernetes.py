@@ -8,7 +8,8 @@ gateway's file, and a kustomization.yaml listing them.
 
 The same plan and options always give the same bytes, and an engine's file changes only
 when its own model or profile does, so a pull request's diff shows what really changes.
-Command lines come from `llmgw.engines.engine_command`, as the node agent's do.
+Command lines, probes and images come from each engine's module (llmgw/engines/), as the
+node agent's do.
 """
 
 from __future__ import annotations
@@ -25,18 +26,20 @@ from ruamel.yaml.scalarstring import DoubleQuotedScalarString, LiteralScalarStri
 
 from llmgw import __version__
 from llmgw.atomic import replace_file
-from llmgw.engines import engine_command, fetched_weights
+from llmgw.engines import engine, engine_command, fetched_weights, names
 from llmgw.errors import UsageError
 from llmgw.plan import Plan, PlanModel, PlanProfile, Target, dump_plan
 
-# The engine images used unless --image says otherwise, and where each keeps its engine.
-# A llama.cpp profile that asks for GPUs needs the CUDA build: `llamacpp-gpu`.
+# The engine images used unless --image says otherwise, and where each keeps its engine, as
+# each engine's module says. A profile that asks for GPUs gets the engine's GPU build where it
+# has one of its own (`llamacpp-gpu`, llama.cpp's CUDA build).
 DEFAULT_IMAGES = {
-    "llamacpp": "ghcr.io/ggml-org/llama.cpp:server",
-    "llamacpp-gpu": "ghcr.io/ggml-org/llama.cpp:server-cuda",
-    "vllm": "docker.io/vllm/vllm-openai:v0.6.6",
+    key: image
+    for name in names()
+    for key, image in ((name, engine(name).image), (f"{name}-gpu", engine(name).gpu_image))
+    if image is not None
 }
-DEFAULT_EXECUTABLES = {"llamacpp": "/app/llama-server", "vllm": "vllm"}
+DEFAULT_EXECUTABLES = {name: engine(name).image_program for name in names()}
 GATEWAY_NAME = "llmgw-gateway"
 GATEWAY_PORT = 8080
 WEIGHTS_DIR = "/weights"
@@ -142,12 +145,12 @@ def parse_pairs(pairs: tuple[str, ...], flag: str, known: Mapping[str, str]) -> 
                 f"(for example {flag} vllm={known.get('vllm', 'VALUE')})."
             )
         out[key] = value
-    if (
-        flag == "--image"
-        and any(p.startswith("llamacpp=") for p in pairs)
-        and not any(p.startswith("llamacpp-gpu=") for p in pairs)
-    ):
-        out["llamacpp-gpu"] = out["llamacpp"]  # one image given for llama.cpp serves both
+    if flag == "--image":
+        # One image given for an engine serves its GPU build too, unless that is given.
+        given = {p.partition("=")[0] for p in pairs}
+        for key in given:
+            if f"{key}-gpu" in known and f"{key}-gpu" not in given:
+                out[f"{key}-gpu"] = out[key]
     return out
 
 
@@ -255,9 +258,96 @@ def _meta(name: str, target: Target, component: str, **extra: Any) -> dict[str, 
 
 
 def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Options) -> list[dict[str, Any]]:
+    """One workload: its Deployment, its headless Service and its PodDisruptionBudget."""
+    assert profile.workload is not None
+    name = profile.workload.name
+    selector = _selector(name, "engine")
+    annotations = {
+        "llmgw.dev/model": model.name,
+        "llmgw.dev/profile": profile.name,
+        "llmgw.dev/source": model.source,
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(name, target, "engine", annotations=annotations),
+        "spec": {
+            "replicas": profile.workload.replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": selector},
+            # The fit check counted the replicas, not a spare one: a rollout replaces a pod
+            # at a time rather than waiting for room for an extra one that may never come.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": _labels(name, "engine"), "annotations": annotations},
+                "spec": _engine_pod(model, profile, target, options),
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, target, "engine", annotations=annotations),
+        "spec": {
+            # Headless: its DNS name lists every ready pod, and the gateway routes to each.
+            "clusterIP": "None",
+            "selector": selector,
+            "ports": [{"name": "http", "port": target.port, "targetPort": "http"}],
+        },
+    }
+    return [deployment, service, _budget(name, target, "engine", {"maxUnavailable": 1})]
+
+
+def _engine_pod(model: PlanModel, profile: PlanProfile, target: Target, options: Options) -> dict[str, Any]:
+    """The pod: an init container fetches the weights into a volume the engine reads."""
     assert profile.workload is not None
     name = profile.workload.name
     directory = f"{WEIGHTS_DIR}/{name}"
+    fetch = ["llmgw", "fetch", model.source, "--into", directory]
+    if model.weights_bytes is not None:
+        fetch += ["--bytes", str(model.weights_bytes)]
+    pod: dict[str, Any] = {}
+    if profile.node_selector:
+        pod["nodeSelector"] = dict(profile.node_selector)
+    if profile.gpus:
+        # GPU nodes are usually tainted so that nothing else lands on them.
+        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pod["topologySpreadConstraints"] = [
+        {
+            # As the fit check placed them: on different hosts where there are enough, but a
+            # replica doubled up on one host serves better than one left pending.
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": _selector(name, "engine")},
+        }
+    ]
+    pod["initContainers"] = [
+        {
+            "name": "weights",
+            "image": options.gateway_image,
+            "command": [as_written(arg) for arg in fetch],
+            # HF_TOKEN for gated repositories, when the operator creates the Secret.
+            "envFrom": [{"secretRef": {"name": "llmgw-hub", "optional": True}}],
+            "volumeMounts": [{"name": "weights", "mountPath": directory}],
+        }
+    ]
+    pod["containers"] = [_engine_container(model, profile, target, options, directory)]
+    volume = options.weights.source()
+    if options.weights.kind == "hostPath":
+        volume = {"hostPath": {**volume["hostPath"], "path": f"{options.weights.value.rstrip('/')}/{name}"}}
+    pod["volumes"] = [{"name": "weights", **volume}]
+    if options.weights.kind == "pvc":
+        # One claim for every workload, a folder each.
+        pod["containers"][0]["volumeMounts"][0]["subPath"] = name
+        pod["initContainers"][0]["volumeMounts"][0]["subPath"] = name
+    return pod
+
+
+def _engine_container(
+    model: PlanModel, profile: PlanProfile, target: Target, options: Options, directory: str
+) -> dict[str, Any]:
+    """The engine itself, run as the node agent runs it, probed where the engine says."""
     weights = fetched_weights(model.source, directory)
     if weights is None:
         raise UsageError(
@@ -289,99 +379,28 @@ def _engine(model: PlanModel, profile: PlanProfile, target: Target, options: Opt
     if profile.gpus:
         for part in ("requests", "limits"):
             resources.setdefault(part, {})["nvidia.com/gpu"] = profile.gpus
-    selector = _selector(name, "engine")
-    annotations = {
-        "llmgw.dev/model": model.name,
-        "llmgw.dev/profile": profile.name,
-        "llmgw.dev/source": model.source,
-    }
-    engine: dict[str, Any] = {
+    container: dict[str, Any] = {
         "name": "engine",
         "image": options.images[image_key],
         "command": [as_written(arg) for arg in command.argv],
         "ports": [{"name": "http", "containerPort": target.port}],
     }
     if env:
-        engine["env"] = env
-    engine["resources"] = resources
-    engine["readinessProbe"] = {
-        "httpGet": {"path": "/health", "port": "http"},
+        container["env"] = env
+    container["resources"] = resources
+    health = engine(profile.engine).health_path
+    container["readinessProbe"] = {
+        "httpGet": {"path": health, "port": "http"},
         "periodSeconds": 5,
         "failureThreshold": 3,
     }
-    engine["startupProbe"] = {
-        "httpGet": {"path": "/health", "port": "http"},
+    container["startupProbe"] = {
+        "httpGet": {"path": health, "port": "http"},
         "periodSeconds": STARTUP_PERIOD_S,
         "failureThreshold": STARTUP_FAILURES,
     }
-    engine["volumeMounts"] = [{"name": "weights", "mountPath": directory, "readOnly": True}]
-    fetch = ["llmgw", "fetch", model.source, "--into", directory]
-    if model.weights_bytes is not None:
-        fetch += ["--bytes", str(model.weights_bytes)]
-    pod: dict[str, Any] = {}
-    if profile.node_selector:
-        pod["nodeSelector"] = dict(profile.node_selector)
-    if profile.gpus:
-        # GPU nodes are usually tainted so that nothing else lands on them.
-        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    pod["topologySpreadConstraints"] = [
-        {
-            # As the fit check placed them: on different hosts where there are enough, but a
-            # replica doubled up on one host serves better than one left pending.
-            "maxSkew": 1,
-            "topologyKey": "kubernetes.io/hostname",
-            "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": selector},
-        }
-    ]
-    pod["initContainers"] = [
-        {
-            "name": "weights",
-            "image": options.gateway_image,
-            "command": [as_written(arg) for arg in fetch],
-            # HF_TOKEN for gated repositories, when the operator creates the Secret.
-            "envFrom": [{"secretRef": {"name": "llmgw-hub", "optional": True}}],
-            "volumeMounts": [{"name": "weights", "mountPath": directory}],
-        }
-    ]
-    pod["containers"] = [engine]
-    volume = options.weights.source()
-    if options.weights.kind == "hostPath":
-        volume = {"hostPath": {**volume["hostPath"], "path": f"{options.weights.value.rstrip('/')}/{name}"}}
-    pod["volumes"] = [{"name": "weights", **volume}]
-    mount = pod["containers"][0]["volumeMounts"][0]
-    if options.weights.kind == "pvc":
-        mount["subPath"] = name  # one claim for every workload, a folder each
-        pod["initContainers"][0]["volumeMounts"][0]["subPath"] = name
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(name, target, "engine", annotations=annotations),
-        "spec": {
-            "replicas": profile.workload.replicas,
-            "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": selector},
-            # The fit check counted the replicas, not a spare one: a rollout replaces a pod
-            # at a time rather than waiting for room for an extra one that may never come.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": {
-                "metadata": {"labels": _labels(name, "engine"), "annotations": annotations},
-                "spec": pod,
-            },
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(name, target, "engine", annotations=annotations),
-        "spec": {
-            # Headless: its DNS name lists every ready pod, and the gateway routes to each.
-            "clusterIP": "None",
-            "selector": selector,
-            "ports": [{"name": "http", "port": target.port, "targetPort": "http"}],
-        },
-    }
-    return [deployment, service, _budget(name, target, "engine", {"maxUnavailable": 1})]
+    container["volumeMounts"] = [{"name": "weights", "mountPath": directory, "readOnly": True}]
+    return container
 
 
 def _budget(name: str, target: Target, component: str, rule: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ rules/context.py; the model files themselves in llmgw/catalogue.py.
 from __future__ import annotations
 
 from llmgw.findings import Finding
-from llmgw.rules import args, demand, embedding, external, fleet, limits, memory, names, sources
+from llmgw.rules import args, embedding, external, fleet, limits, memory, names, on_demand, sources
 from llmgw.rules.context import Context, Rule
 
 
@@ -22,7 +22,7 @@ def all_rules() -> list[Rule]:
         fleet.check,
         memory.check,
         external.check,
-        demand.check,
+        on_demand.check,
     ]
 
 

@@ -17,6 +17,7 @@ class Context:
     fleet: Fleet
     # Files new or edited since the previous plan (by path and sha256); None without one.
     changed: frozenset[str] | None = None
+    kubernetes: bool = False  # the plan is for --target kubernetes
     _answers: dict[Hashable, object] = field(default_factory=dict)
 
     def is_new(self, entry: Entry) -> bool:

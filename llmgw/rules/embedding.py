@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from llmgw.catalogue import Entry
+from llmgw.engines import engine
 from llmgw.errors import InspectError
 from llmgw.findings import Finding, Severity
 from llmgw.header import Header
@@ -30,7 +31,7 @@ def check(ctx: Context) -> Iterator[Finding]:
         if entry.spec.task != "embedding":
             continue
         for profile in entry.spec.profiles:
-            if profile.engine != "llamacpp" or profile.external:
+            if not engine(profile.engine).needs_pooling_type or profile.external:
                 continue
             if profile.arg_value("--pooling") not in (None, "none"):
                 continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from llmgw.catalogue import Entry
+from llmgw.engines import ctx_size_for, engine
 from llmgw.errors import InspectError
 from llmgw.findings import Finding
 from llmgw.rules.context import Context
@@ -28,10 +29,11 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
             "so no request could use it; lower max_output or raise context_length.",
         )
     for profile in spec.profiles:
-        if profile.engine != "llamacpp" or profile.external:
+        runs = engine(profile.engine)
+        if not runs.shares_context_pool or profile.external:
             continue
-        slots = profile.slots
-        pool = spec.ctx_size_for(profile)
+        slots = runs.context_slots(profile.args)
+        pool = ctx_size_for(spec, profile)
         per_request = pool // slots
         if per_request >= spec.context_length:
             continue

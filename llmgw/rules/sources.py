@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from llmgw import engines
 from llmgw.catalogue import Entry
 from llmgw.findings import Finding
 from llmgw.rules.context import Context
-from llmgw.source import READERS
 
 
 def check(ctx: Context) -> Iterator[Finding]:
@@ -63,7 +63,9 @@ def _check_entry(entry: Entry) -> Iterator[Finding]:
             "repository id (hf://org/repo). Point source at one of those.",
         )
         return
-    readers = READERS[src.format]
+    # A repository id is for an engine that fetches the files itself (vLLM); llama.cpp
+    # needs to be handed one GGUF file. Each engine says what it reads (`Engine.reads`).
+    readers = frozenset(name for name in engines.names() if src.format in engines.engine(name).reads)
     if src.gguf_repository and src.format == "repository":
         readers = frozenset()  # llama.cpp needs the file named, and vLLM reads no GGUF
     for profile in entry.spec.profiles:
@@ -110,7 +112,7 @@ def _sharded_message(entry: Entry) -> str:
 def _mismatch_message(entry: Entry, engine: str, fmt: str, readers: frozenset[str]) -> str:
     src = entry.source
     if src.gguf_repository and fmt == "repository":
-        if engine == "vllm":
+        if "repository" in engines.engine(engine).reads:
             return (
                 f"{src.repository} is a GGUF repository (its name says so), and vllm does not "
                 "read GGUF; use engine llamacpp with one .gguf file from it "

@@ -17,13 +17,15 @@ misbehaviour through body fields the gateway passes through untouched:
     fake_delay_body   seconds between a stream's headers and its first chunk (vLLM sends
                       its headers before the prompt is processed)
     fake_chunks       number of streamed chunks (default 3)
-    fake_chunk_delay  seconds between streamed chunks
+    fake_chunk_delay  seconds between streamed chunks (or Responses and Messages events)
     fake_chunk_bytes  pad each streamed chunk's text to about this many bytes
     fake_hangup_after close the connection after this many streamed chunks (0: right
                       after the headers)
     fake_only         misbehave only on the engine of this name; others answer normally
     fake_content_type the Content-Type of a non-streamed answer (default application/json)
     fake_body_bytes   pad a non-streamed answer to about this many bytes
+    fake_logprobs_bytes  give a non-streamed chat answer's choice logprobs of about this many
+                      bytes, written before its usage (as top_logprobs make an answer huge)
     fake_nest         add a field to a non-streamed answer nested this many arrays deep
     fake_chunked      send a non-streamed answer chunked, without a Content-Length
     fake_never_close  send a non-streamed answer chunked and never end it
@@ -304,7 +306,10 @@ class _Connection(asyncio.Protocol):
         if kind in _EVENTS:
             hangup = request.get("fake_hangup_after")
             events = _bare_response_events if request.get("fake_bare_events") else _EVENTS[kind]
+            pause = float(request.get("fake_chunk_delay") or 0)
             for i, (name, data) in enumerate(events(model, int(request.get("fake_chunks") or 3))):
+                if i and pause:
+                    await asyncio.sleep(pause)
                 await self.writable.wait()
                 if self.closed:
                     self.engine.disconnects += 1
@@ -535,6 +540,11 @@ def _complete(kind: str, model: str, name: str, request: dict[str, Any]) -> byte
             "message": {"role": "assistant", "content": text},
         }
         obj = "chat.completion"
+        if request.get("fake_logprobs_bytes"):
+            # A token spelled "usage" among them, as a model may write: a value, not a key.
+            entry = {"token": "usage", "logprob": -0.25, "bytes": [117], "top_logprobs": []}
+            count = int(request["fake_logprobs_bytes"]) // len(json.dumps(entry))
+            choice["logprobs"] = {"content": [entry] * count}
     else:
         choice = {"index": 0, "finish_reason": "stop", "text": text, "logprobs": None}
         obj = "text_completion"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,3 +74,55 @@ def redis_server(directory: Path, password: str | None = None) -> Iterator[Redis
         yield server
     finally:
         server.stop()
+
+
+class FakeResp:
+    """A server that speaks Redis's protocol (RESP) on loopback and answers each command as
+    it is told: what a proxy in the way, or something that is not Redis, might say."""
+
+    def __init__(self, replies: dict[str, bytes]) -> None:
+        # Command name (upper case) → the raw reply; any other command is answered +OK.
+        self.replies = replies
+        self.seen: list[str] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        with conn, reader:
+            while True:
+                header = reader.readline()
+                if not header.startswith(b"*"):
+                    return
+                args = []
+                for _ in range(int(header[1:])):
+                    size = int(reader.readline()[1:])
+                    args.append(reader.read(size + 2)[:-2].decode())
+                name = args[0].upper()
+                self.seen.append(name)
+                try:
+                    conn.sendall(self.replies.get(name, b"+OK\r\n"))
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@contextlib.contextmanager
+def fake_resp(replies: dict[str, bytes]) -> Iterator[FakeResp]:
+    server = FakeResp(replies)
+    try:
+        yield server
+    finally:
+        server.close()

@@ -301,3 +301,21 @@ def test_a_listed_origins_page_may_call_the_api_with_its_preflight_needing_no_ke
     assert "x-ratelimit-remaining-requests" in answer.headers["access-control-expose-headers"].lower()
     other = httpx.get(served.url + "/v1/models", headers={"Origin": "https://evil.example"}, timeout=10)
     assert "access-control-allow-origin" not in other.headers, "an origin not listed was allowed"
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/readyz", "/dashboard/status.json"])
+def test_cors_is_only_for_the_api_never_the_operators_pages(served: Gateway, path: str) -> None:
+    # A page of an allowed origin reads the API; /metrics, /readyz and the dashboard's
+    # status are the operator's, and once were readable from that page too.
+    origin = {"Origin": APP_ORIGIN}
+    answer = httpx.get(served.url + path, headers=origin, timeout=10)
+    assert answer.status_code < 500, answer.text
+    assert "access-control-allow-origin" not in answer.headers, f"{path} is readable from {APP_ORIGIN}"
+    preflight = httpx.options(
+        served.url + path, headers={**origin, "Access-Control-Request-Method": "GET"}, timeout=10
+    )
+    assert "access-control-allow-origin" not in preflight.headers, f"{path}'s preflight allowed {APP_ORIGIN}"
+    api = httpx.get(
+        served.url + "/v1/models", headers={**origin, "Authorization": f"Bearer {MANY}"}, timeout=10
+    )
+    assert api.headers.get("access-control-allow-origin") == APP_ORIGIN, "the API itself keeps CORS"

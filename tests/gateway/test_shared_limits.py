@@ -30,11 +30,11 @@ from harness import (
     wait_until,
     write_plan,
 )
-from redis_server import RedisServer, redis_server
+from redis_server import RedisServer, fake_resp, redis_server
 
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.limits import Window
-from llmgw.gateway.request.limits_redis import SharedLimiter
+from llmgw.gateway.request.limits_redis import SharedLimiter, check_redis
 from llmgw.gateway.state.keys import Tenant
 
 BURST, TOKENS, STEADY, AFTER = "sk-burst", "sk-tokens", "sk-steady", "sk-after"
@@ -321,3 +321,37 @@ def test_an_unknown_host_is_one_sentence_at_start(tmp_path: Path, engine_a: Engi
 def test_a_url_that_is_not_redis_is_one_sentence_at_start(tmp_path: Path, engine_a: Engine) -> None:
     said = one_sentence(serve(tmp_path, engine_a, "http://127.0.0.1:6379"))
     assert "LLMGW_REDIS_URL" in said and "redis://" in said, said
+
+
+_SHA = b"$40\r\n" + b"0" * 40 + b"\r\n"
+# HELLO refused as a Redis before 6 refuses it: redis-py then speaks RESP2.
+_OLD_HELLO = b"-ERR unknown command 'HELLO'\r\n"
+WRONG_SHAPES = {
+    "an integer for EVALSHA": {
+        "HELLO": _OLD_HELLO, "PING": b"+PONG\r\n", "SCRIPT": _SHA, "EVALSHA": b":1\r\n"
+    },  # fmt: skip
+    "+OK for HELLO": {"HELLO": b"+OK\r\n", "PING": b"+PONG\r\n", "SCRIPT": _SHA},
+}
+
+
+@pytest.mark.parametrize("shape", list(WRONG_SHAPES))
+def test_a_redis_reply_of_the_wrong_shape_is_redis_unavailable(
+    tmp_path: Path, engine_a: Engine, shape: str
+) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, plan([model("chat", [profile([engine_a.url], "chat")])]))
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys:\n  - {{name: a, sha256: {key_digest('sk-a')}, rpm: 3}}\n")
+    with fake_resp(WRONG_SHAPES[shape]) as fake:
+        # `llmgw serve`'s check at start: a sentence to print, never a traceback.
+        warning = check_redis(fake.url)
+        if "HELLO" in shape:
+            assert warning is not None and "LLMGW_REDIS_URL" in warning, warning
+        with gateway(path, LLMGW_KEYS_FILE=str(keys), LLMGW_REDIS_URL=fake.url) as gw:
+            statuses = [post(gw, "sk-a").status_code for _ in range(4)]
+            assert statuses == [200, 200, 200, 429], f"counted locally, rpm 3 holds: {statuses}"
+            for ready in gw.every_worker(lambda r: "limits" in r, 30, "its limits").values():
+                assert ready["status"] == "ready" and ready["limits"]["state"] == "degraded", ready
+                assert "shape" in ready["limits"]["reason"], ready
+            assert "Traceback" not in gw.log(), gw.log()[-3000:]
+        assert "EVALSHA" in fake.seen or "HELLO" in fake.seen, fake.seen

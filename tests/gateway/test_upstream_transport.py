@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from llmgw.gateway.request.upstream import FastTransport, Reply, Target, Upstream
+from llmgw.gateway.upstream import FastTransport, Reply, Target, Upstream
 
 ANSWER = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.node.demand import Engine, NoRoom, engines_to_stop
+from llmgw.node.leases import Engine, NoRoom, engines_to_stop
 from tests.node.agents import Agent, Fleet, alive, chat_model, wait_for
 
 TOKEN = "a-token-for-tests"
@@ -247,6 +247,25 @@ def test_a_caller_that_leaves_before_ready_starts_nothing(
     a = agent.wait_state("a", "idle", timeout=10)
     wait_for(lambda: not alive(pid), 10, "the abandoned engine's process gone", agent)
     assert "abandoned" in a["message"] and a["in_flight"] == 0
+
+
+def test_an_acquire_that_does_not_wait_never_evicts_a_loaded_model(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir)
+    agent.wait_state("c", "ready")
+    release(agent, acquire(agent, where["a"]).json()["lease"])
+    # The gateway's first ask for a cold model does not wait: its client may be gone by the
+    # time the engine is up. Stopping `a` for it once cost a loaded model and served nothing.
+    quick = acquire(agent, where["b"], wait_s=0)
+    assert quick.status_code == 503 and "wait_s" in quick.json()["message"], quick.text
+    replicas = agent.replicas()
+    assert replicas["a"]["state"] == "ready" and replicas["a"]["evictions"] == 0, replicas["a"]
+    assert pids_of(agent, where["b"]) == [], "b was started for a caller that does not wait"
+    waited = acquire(agent, where["b"])
+    assert waited.status_code == 200, "a caller that waits still gets its room made"
+    assert agent.replicas()["a"]["evictions"] == 1
 
 
 def test_an_on_demand_engine_running_when_the_agent_restarts_is_adopted(

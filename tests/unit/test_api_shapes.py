@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.rename import EventRename, renamed
-from llmgw.gateway.request.routing import prefix_key
 from llmgw.gateway.request.usage import Meter
 
 

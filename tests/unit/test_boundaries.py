@@ -163,3 +163,50 @@ def test_no_module_imports_its_way_back_to_itself() -> None:
                     seen.add(there)
                     stack.append((there, (*path, there)))
     assert circles == [], "an import circle: move what both sides need beneath them"
+
+
+# The gateway's rooms, top to bottom: a request's path from the process down to what changes
+# under it. Modules straight under gateway/ (settings, the upstream pool, the API table, errors)
+# are beneath them all. schedule/ is reserved for fair scheduling, between request/ and state/.
+GATEWAY_LAYERS = ("server", "pages", "request", "schedule", "state")
+
+
+def _gateway_layer(module: str) -> int | None:
+    """How far down the gateway `module` stands: 0 for server/, one past state/ for shared modules;
+    None outside the gateway, and for the package itself, which only re-exports the app."""
+    parts = module.split(".")
+    if parts[:2] != ["llmgw", "gateway"] or len(parts) < 3:
+        return None
+    if parts[2] in GATEWAY_LAYERS:
+        return GATEWAY_LAYERS.index(parts[2])
+    return len(GATEWAY_LAYERS)
+
+
+def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Imports inside the gateway from a room to one above it, as 'importer → imported'."""
+    arrows = []
+    for module, names in graph.items():
+        here = _gateway_layer(module)
+        if here is None:
+            continue
+        for there in sorted(names):
+            layer = _gateway_layer(there)
+            if layer is not None and layer < here:
+                arrows.append(f"{module} → {there}")
+    return arrows
+
+
+def test_inside_the_gateway_every_import_points_down() -> None:
+    gateway = [m for m in MODULES if m.startswith("llmgw.gateway.")]
+    assert upward_arrows({m: _imported_names(m) for m in gateway}) == [], (
+        "an import up the gateway's layers (server → pages → request → schedule → state → shared): "
+        "move what both need beneath them"
+    )
+    assert "llmgw.gateway.state.routes" in gateway, "the check saw the route table"
+
+
+def test_an_upward_import_is_caught() -> None:
+    graph = {"llmgw.gateway.state.health": {"llmgw.gateway.request.proxy"}, "llmgw.gateway.settings": set()}
+    assert upward_arrows(graph) == ["llmgw.gateway.state.health → llmgw.gateway.request.proxy"]
+    assert upward_arrows({"llmgw.gateway.upstream": {"llmgw.gateway.state.metrics"}}) != []
+    assert upward_arrows({"llmgw.gateway.request.proxy": {"llmgw.gateway.state.metrics"}}) == []

@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.gateway.request.routing import DnsGroup, RouteTable
-from llmgw.gateway.request.upstream import FastTransport, Upstream
-from llmgw.gateway.server.config import Settings, settings_from_env
+from llmgw.gateway.settings import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
 from llmgw.gateway.state.health import Health
+from llmgw.gateway.state.routes import DnsGroup, RouteTable
+from llmgw.gateway.upstream import FastTransport, Upstream
 from llmgw.plan import Plan, PlanModel, PlanProfile, PlanReplica, Workload
 from tests.gateway.dns_server import DnsServer
 from tests.plans import plan_of

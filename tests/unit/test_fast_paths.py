@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmgw.capacity import NodeState, Room
 from llmgw.load import _fast_yaml, _NotPlain, _plain_data, load_document
 from llmgw.model import Node
-from llmgw.place import _NodeState, _Room
 from llmgw.plan import dump_plan
 from llmgw.schema import load_schema, proves_valid, validator
 from tests.unit.helpers import model_yaml
@@ -298,14 +298,14 @@ def test_the_first_fit_search_finds_the_node_a_walk_finds(free, need, gpus, boun
             memory_gb=64,
             gpus={"count": 4, "memory_gb": 24} if i % 2 else None,
         )
-        state = _NodeState(
+        state = NodeState(
             node,
             float(gb),
             list(range(cards if i % 2 else 0)),
             node.ports.first if ports_left else node.ports.last + 1,
         )
         states.append(state)
-    room = _Room(states)
+    room = Room(states)
     lo, hi = min(bounds[0], len(states)), min(bounds[1], len(states))
     walked = next((i for i in range(lo, hi) if states[i].fits(need, gpus)), None)
     found = room.first(lo, hi, need, gpus)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.gateway.request.routing import Replica
+from llmgw.gateway.state.routes import Replica
 
 
 def test_a_hold_counts_one_request_until_it_is_released() -> None:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.gateway.request.routing import Model, Profile, Replica
-from llmgw.gateway.server.config import settings_from_env
+from llmgw.gateway.settings import settings_from_env
 from llmgw.gateway.state import outlier
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
+from llmgw.gateway.state.routes import Model, Profile, Replica
 
 
 class Clock:
@@ -24,7 +24,7 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
     monkeypatch.setattr("llmgw.gateway.state.outlier.time.monotonic", fake)
-    monkeypatch.setattr("llmgw.gateway.request.routing.time.monotonic", fake)
+    monkeypatch.setattr("llmgw.gateway.state.routes.time.monotonic", fake)
     return fake
 
 

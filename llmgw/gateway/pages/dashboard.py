@@ -76,7 +76,7 @@ class DashboardSnapshot:
     # DNS names whose last lookup failed: their last answer still routes.
     discovery_errors: tuple[str, ...] = ()
     # Per replica endpoint: in rotation, ejected or on trial, and its ejection counts
-    # (gateway.outlier.replica_states).
+    # (state/outlier.py: replica_states).
     replicas: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     # Why the last keys file was refused, when it was (the old keys still work).
     keys_refusal: str | None = None
@@ -86,7 +86,7 @@ class DashboardSnapshot:
     # The last minute per model, summed over every worker (gateway.rates); None before the
     # first reading.
     usage: Figures | None = None
-    # On-demand replicas loaded now, by endpoint (request/demand.py).
+    # On-demand replicas loaded now, by endpoint (state/loaded.py).
     loaded: frozenset[str] = frozenset()
 
 

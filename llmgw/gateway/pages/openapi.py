@@ -10,10 +10,13 @@ run Schemathesis against a real gateway from this document (tests/gateway/test_o
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import falcon
 import falcon.asgi
+
+from llmgw.gateway.api import APIS, Api
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
@@ -41,11 +44,7 @@ def _errors(*codes: str, anthropic: bool = False) -> dict[str, Any]:
 
 
 def _generation(
-    answer: str,
-    required: list[str],
-    example: dict[str, Any],
-    limits: tuple[str, ...] = ("max_tokens", "max_completion_tokens", "n_predict"),
-    streams: bool = True,
+    answer: str, required: list[str], example: dict[str, Any], limits: tuple[str, ...], streams: bool
 ) -> dict[str, Any]:
     return {
         "type": "object",
@@ -147,6 +146,102 @@ _RANKED = {
     "properties": {"model": {"type": "string"}, "results": {"type": "array"}},
 }
 _MESSAGES_EXAMPLE = {"model": "llama", "max_tokens": 64, "messages": [{"role": "user", "content": "Hello"}]}
+_CHAT_EXAMPLE = {"model": "llama", "messages": [{"role": "user", "content": "Hello"}]}
+
+
+@dataclass(frozen=True)
+class _Described:
+    """What this page says of one API kind beside its row in gateway/api.py: the row gives the
+    path, whether it streams, its length fields and its error shape."""
+
+    summary: str
+    request: str  # the request body's schema, by name
+    answer: str  # the answer's schema, by name
+    fields: str  # what the engine reads of the body, in a phrase
+    required: list[str]
+    example: dict[str, Any]
+
+
+_DESCRIBED = {
+    "chat": _Described(
+        "A chat completion.",
+        "ChatRequest",
+        "Answer",
+        "`messages` as OpenAI's API describes it.",
+        ["messages"],
+        _CHAT_EXAMPLE,
+    ),
+    "completion": _Described(
+        "A completion of a raw prompt.",
+        "CompletionRequest",
+        "Answer",
+        "`prompt` as OpenAI's API describes it.",
+        ["prompt"],
+        {"model": "llama", "prompt": "Hello"},
+    ),
+    "embedding": _Described(
+        "Embeddings of the input.",
+        "EmbeddingRequest",
+        "Answer",
+        "`input`, a string or a list of them.",
+        ["input"],
+        {"model": "embed", "input": "Hello"},
+    ),
+    "responses": _Described(
+        "A response, in OpenAI's Responses API.",
+        "ResponsesRequest",
+        "Response",
+        "`input` and `instructions` as OpenAI's Responses API describes them.",
+        ["input"],
+        {"model": "llama", "input": "Hello"},
+    ),
+    "messages": _Described(
+        "A message, in Anthropic's Messages API; errors in Anthropic's shape, and the key may "
+        "come as `x-api-key`.",
+        "MessagesRequest",
+        "Message",
+        "`messages`, `system` and `max_tokens` as Anthropic's Messages API describes them.",
+        ["max_tokens", "messages"],
+        _MESSAGES_EXAMPLE,
+    ),
+    "count_tokens": _Described(
+        "The tokens a Messages request's input would take (counts toward rpm, not tpm).",
+        "CountTokensRequest",
+        "TokenCount",
+        "`messages` and `system` as Anthropic's count_tokens describes them.",
+        ["messages"],
+        _CHAT_EXAMPLE,
+    ),
+    "rerank": _Described(
+        "Documents ranked by relevance to a query, for a `task: rerank` model.",
+        "RerankRequest",
+        "Ranked",
+        "`query`, `documents` and `top_n`, as llama-server and vLLM take them.",
+        ["query", "documents"],
+        {"model": "rerank", "query": "What is a panda?", "documents": ["A bear.", "A car."]},
+    ),
+    "tokenize": _Described(
+        "The engine's tokens of `content` (llama-server's /tokenize); counts toward rpm, not tpm.",
+        "TokenizeRequest",
+        "Tokens",
+        "`content`, the text to tokenize, as llama-server takes it.",
+        ["content"],
+        {"model": "llama", "content": "Hello"},
+    ),
+}
+
+
+def _path(api: Api) -> dict[str, Any]:
+    said = _DESCRIBED[api.kind]
+    return _proxied(
+        said.summary, said.request, said.answer, api.streams, api.events, api.errors == "anthropic"
+    )
+
+
+def _request(api: Api) -> dict[str, Any]:
+    said = _DESCRIBED[api.kind]
+    return _generation(said.fields, said.required, said.example, api.length_fields, api.streams)
+
 
 DOCUMENT: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -198,42 +293,7 @@ DOCUMENT: dict[str, Any] = {
                 },
             }
         },
-        "/v1/chat/completions": _proxied("A chat completion.", "ChatRequest", "Answer", streams=True),
-        "/v1/completions": _proxied(
-            "A completion of a raw prompt.", "CompletionRequest", "Answer", streams=True
-        ),
-        "/v1/embeddings": _proxied("Embeddings of the input.", "EmbeddingRequest", "Answer", streams=False),
-        "/v1/responses": _proxied(
-            "A response, in OpenAI's Responses API.", "ResponsesRequest", "Response", True, "responses"
-        ),
-        "/v1/messages": _proxied(
-            "A message, in Anthropic's Messages API; errors in Anthropic's shape, and the key may "
-            "come as `x-api-key`.",
-            "MessagesRequest",
-            "Message",
-            streams=True,
-            events="anthropic",
-            anthropic=True,
-        ),
-        "/v1/messages/count_tokens": _proxied(
-            "The tokens a Messages request's input would take (counts toward rpm, not tpm).",
-            "CountTokensRequest",
-            "TokenCount",
-            streams=False,
-            anthropic=True,
-        ),
-        "/v1/rerank": _proxied(
-            "Documents ranked by relevance to a query, for a `task: rerank` model.",
-            "RerankRequest",
-            "Ranked",
-            streams=False,
-        ),
-        "/v1/tokenize": _proxied(
-            "The engine's tokens of `content` (llama-server's /tokenize); counts toward rpm, not tpm.",
-            "TokenizeRequest",
-            "Tokens",
-            streams=False,
-        ),
+        **{api.path: _path(api) for api in APIS.values()},
     },
     "components": {
         "schemas": {
@@ -272,50 +332,7 @@ DOCUMENT: dict[str, Any] = {
             "TokenCount": _COUNT,
             "Tokens": _TOKENS,
             "Ranked": _RANKED,
-            "ResponsesRequest": _generation(
-                "`input` and `instructions` as OpenAI's Responses API describes them.",
-                ["input"],
-                {"model": "llama", "input": "Hello"},
-                limits=("max_output_tokens",),
-            ),
-            "MessagesRequest": _generation(
-                "`messages`, `system` and `max_tokens` as Anthropic's Messages API describes them.",
-                ["max_tokens", "messages"],
-                _MESSAGES_EXAMPLE,
-                limits=("max_tokens",),
-            ),
-            "CountTokensRequest": _generation(
-                "`messages` and `system` as Anthropic's count_tokens describes them.",
-                ["messages"],
-                {"model": "llama", "messages": [{"role": "user", "content": "Hello"}]},
-                limits=(),
-                streams=False,
-            ),
-            "RerankRequest": _generation(
-                "`query`, `documents` and `top_n`, as llama-server and vLLM take them.",
-                ["query", "documents"],
-                {"model": "rerank", "query": "What is a panda?", "documents": ["A bear.", "A car."]},
-                limits=(),
-                streams=False,
-            ),
-            "TokenizeRequest": _generation(
-                "`content`, the text to tokenize, as llama-server takes it.",
-                ["content"],
-                {"model": "llama", "content": "Hello"},
-                limits=(),
-                streams=False,
-            ),
-            "ChatRequest": _generation(
-                "`messages` as OpenAI's API describes it.",
-                ["messages"],
-                {"model": "llama", "messages": [{"role": "user", "content": "Hello"}]},
-            ),
-            "CompletionRequest": _generation(
-                "`prompt` as OpenAI's API describes it.", ["prompt"], {"model": "llama", "prompt": "Hello"}
-            ),
-            "EmbeddingRequest": _generation(
-                "`input`, a string or a list of them.", ["input"], {"model": "embed", "input": "Hello"}
-            ),
+            **{_DESCRIBED[api.kind].request: _request(api) for api in APIS.values()},
         }
     },
 }

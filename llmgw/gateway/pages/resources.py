@@ -17,33 +17,33 @@ from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pages.dashboard import render_key_page, render_keys_page, set_page_headers
 from llmgw.gateway.request.access import bearer_token, check_model, usable_models
 from llmgw.gateway.request.body import read_body
-from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.limits_redis import SharedLimiter
-from llmgw.gateway.request.routing import DnsGroup
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Keys, Tenant
+from llmgw.gateway.state.loaded import Loaded
 from llmgw.gateway.state.reload import PlanState, PlanWriteError
+from llmgw.gateway.state.routes import DnsGroup
 from llmgw.plan import Plan, dump_plan
 
 
 class Models:
     """GET /v1/models and GET /v1/models/{id} (a name or an alias)."""
 
-    def __init__(self, demand: Demand | None = None) -> None:
-        self.demand = demand
+    def __init__(self, loaded: Loaded | None = None) -> None:
+        self.loaded = loaded
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.content_type = falcon.MEDIA_JSON
         table, tenant = req.context.table, req.context.tenant
-        on_demand = self.demand is not None and any(m.listing.get("start") for m in table.models.values())
+        on_demand = self.loaded is not None and any(m.listing.get("start") for m in table.models.values())
         if (tenant is None or tenant.models is None) and not on_demand:
             resp.data = table.listing_body
             return
         # A key limited to some models sees only those, as if the rest were not served.
         listing = [m.listing for m in usable_models(tenant, table)]
-        if on_demand and self.demand is not None:
-            listing = with_loaded(listing, table.plan, self.demand.loaded_now(table.plan))
+        if on_demand and self.loaded is not None:
+            listing = with_loaded(listing, table.plan, self.loaded.loaded_now(table.plan))
         resp.data = json.dumps({"object": "list", "data": listing}).encode()
 
     async def on_get_item(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str) -> None:

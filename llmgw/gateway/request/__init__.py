@@ -1,2 +1,2 @@
-"""One request's path: access, body checks, routing, on-demand starts, retries, relay,
-upstream, limits, usage."""
+"""One request's path: access, body checks, the prompt's prefix key, an on-demand engine's
+lease, retries, relay, limits, usage."""

@@ -21,10 +21,10 @@ import falcon.asgi
 
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.context import context_of
-from llmgw.gateway.request.routing import Model, RouteTable
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Keys, Tenant
 from llmgw.gateway.state.reload import PlanState
+from llmgw.gateway.state.routes import Model, RouteTable
 
 DIGEST_HEADER = "X-Llmgw-Plan-Digest"
 access_log = logging.getLogger("llmgw.access")

@@ -8,9 +8,10 @@ from typing import Any
 
 import falcon.asgi
 
+from llmgw.gateway.api import APIS, LENGTH_FIELDS, answered_by
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.routing import ENDPOINTS_FOR_TASK, GATEWAY_PATHS, Model
 from llmgw.gateway.request.usage import Meter
+from llmgw.gateway.state.routes import Model
 
 
 async def read_body(req: falcon.asgi.Request, limit: int, too_large: str) -> bytes:
@@ -119,7 +120,7 @@ def parse_request(body: bytes) -> dict[str, Any]:
 
 
 def wrong_endpoint(model: Model, path: str) -> ApiError:
-    paths = [path for kind, path in GATEWAY_PATHS.items() if kind in ENDPOINTS_FOR_TASK[model.task]]
+    paths = [api.path for api in answered_by(model.task)]
     right = " or ".join(paths) if len(paths) < 3 else ", ".join(paths[:-1]) + " or " + paths[-1]
     return ApiError(
         400,
@@ -133,43 +134,34 @@ def _article(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
 
 
-# Every field an engine takes as the answer's length limit: vLLM reads the first two,
-# llama.cpp all three. Checking only the OpenAI ones let `n_predict` past max_output.
-# The Responses API names its own `max_output_tokens`; Messages uses `max_tokens`.
-_TOKEN_LIMITS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
-
-
-# The field each generating API reads as its answer's limit.
-_LIMIT_FIELD = {
-    "chat": "max_tokens",
-    "completion": "max_tokens",
-    "messages": "max_tokens",
-    "responses": "max_output_tokens",
-}
+# Every kind's length fields are checked on every request (api.LENGTH_FIELDS): checking only
+# the OpenAI ones let llama.cpp's `n_predict` past max_output.
 
 
 def output_limit(model: Model, kind: str, request: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     """The request with the model's `max_output` as its answer's limit when it sets none of
     its own (a request without one, with `ignore_eos`, ran until the context was full): a new
     dict then, in each API's own field (the Responses API's `max_output_tokens`); and the most
-    tokens its answer may have, None when nothing bounds it. Requests that generate nothing
-    (embeddings, rerank, counting) get no limit."""
-    ours = _LIMIT_FIELD.get(kind)
-    if ours is None:
+    tokens its answer may have, None when nothing bounds it: the largest of the fields its
+    engine obeys, at most `max_output`. Reserving by the first field given let
+    `{"max_tokens": 1, "n_predict": 500}` reserve 1 token and write 500. Requests that
+    generate nothing (embeddings, rerank, counting) get no limit."""
+    fields = APIS[kind].length_fields
+    if not fields:
         return request, None
-    for field in _TOKEN_LIMITS:
-        value = request.get(field)
-        if isinstance(value, int) and value > 0:
-            return request, value
-        if value is not None:  # n_predict -1: allowed only where the model sets no limit
-            return request, None
+    given = [value for field in fields if (value := request.get(field)) is not None]
+    if any(not isinstance(v, int) or v < 1 for v in given):
+        return request, None  # n_predict -1: allowed only where the model sets no limit
+    if given:
+        most = max(given)
+        return request, most if model.max_output is None else min(most, model.max_output)
     if model.max_output is None:
         return request, None
-    return {**request, ours: model.max_output}, model.max_output
+    return {**request, fields[0]: model.max_output}, model.max_output
 
 
 def check_max_tokens(model: Model, request: dict[str, Any]) -> None:
-    for field in _TOKEN_LIMITS:
+    for field in LENGTH_FIELDS:
         value = request.get(field)
         if value is None:
             continue

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import falcon.asgi
 
-from llmgw.gateway.request.routing import RouteTable
 from llmgw.gateway.state.keys import Tenant
+from llmgw.gateway.state.routes import RouteTable
 
 
 class RequestContext:

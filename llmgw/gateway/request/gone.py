@@ -10,13 +10,13 @@ from typing import Any
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 CLIENT_GONE = 499  # nginx's "client closed request": logged, never seen by a client
-# Set in the request's scope by the server's protocol (gateway/worker.py) when it dropped a
+# Set in the request's scope by the server's protocol (gateway/server/worker.py) when it dropped a
 # client that read nothing for this many seconds.
 STALLED = "llmgw.stalled"
 
 
 class ClientGone:
-    """Put in each request's scope by the server's protocol (gateway/worker.py), which
+    """Put in each request's scope by the server's protocol (gateway/server/worker.py), which
     calls `notify` when the client's connection is lost before the answer is complete.
 
     Told by the protocol, rather than by a task per request waiting on ASGI's `receive`

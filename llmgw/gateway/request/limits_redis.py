@@ -11,7 +11,10 @@ A limits store must not take the fleet down. Each call waits at most TIMEOUT (or
 LLMGW_REDIS_TIMEOUT) to connect and as long for an answer; past either, or on any error,
 this worker counts in its instance's SQLite file (the parent class) and says so
 (`status()`, /readyz, the dashboard, the gauge llmgw_limits_shared), and tries Redis again
-RETRY_EVERY seconds later, not at every request.
+RETRY_EVERY seconds later, not at every request. A reply of the wrong shape (a server that
+speaks the protocol but is not Redis, or a proxy in the way) is Redis being unavailable too:
+an integer for EVALSHA once made every rate-limited request a 500, and `+OK` for HELLO
+stopped the gateway at start with a traceback.
 
 Usage totals per key (what /admin/keys and the dashboard show) are one hash per key,
 HINCRBY'd as each answer ends, so they are summed over every instance.
@@ -136,6 +139,9 @@ return {redis.call('ZCOUNT', KEYS[1], since, '+inf'), tonumber(redis.call('GET',
 
 _T = TypeVar("_T")
 
+# What redis-py and the unpacking of an answer raise for a reply of the wrong shape.
+WRONG_SHAPE = (AttributeError, TypeError, ValueError, IndexError, KeyError, UnicodeError)
+
 
 @dataclass(frozen=True)
 class LimitsStatus:
@@ -206,6 +212,12 @@ def check_redis(url: str, timeout: float = 2.0) -> str | None:
             f"Redis at {where(url)} does not answer now ({exc}); each instance counts rate limits "
             "on its own until it does."
         )
+    except WRONG_SHAPE as exc:
+        return (
+            f"the server at {where(url)} answers in a shape Redis does not ({type(exc).__name__}); "
+            "each instance counts rate limits on its own until it answers as Redis. Check that "
+            "LLMGW_REDIS_URL names a Redis or Valkey."
+        )
     except redis.ResponseError as exc:
         # AUTH sent to a Redis without a password, or an ACL user without PING or scripts.
         raise UsageError(
@@ -247,7 +259,10 @@ class SharedLimiter(Limiter):
         if due:
             # A worker with no keyed traffic would otherwise say "shared" of a Redis long
             # gone, or "degraded" of one long back: /readyz asks, at most every retry_every.
-            self._shared(self.redis.ping)
+            # With a script that only reads, not PING: a server that answers PING but not
+            # EVALSHA as Redis does was said to be "shared" while every worker counted alone.
+            keys = _keys("-")
+            self._shared(lambda: _pair(self._used(keys=[keys[0], keys[2]], args=[WINDOW])))
         return LimitsStatus("redis", self.down is None, self.down)
 
     def admit(self, tenant: Tenant, reserve: int = 0) -> Window | None:
@@ -258,24 +273,17 @@ class SharedLimiter(Limiter):
             return None
         held = max(0, reserve) if tenant.tpm is not None else 0
         answer = self._shared(
-            lambda: self._admit(
-                keys=list(_keys(tenant.name)[:5]),
-                args=[_limit(tenant.rpm), _limit(tenant.tpm), WINDOW, os.urandom(6).hex(), held],
+            lambda: _window(
+                tenant,
+                self._admit(
+                    keys=list(_keys(tenant.name)[:5]),
+                    args=[_limit(tenant.rpm), _limit(tenant.tpm), WINDOW, os.urandom(6).hex(), held],
+                ),
             )
         )
         if answer is None:
             return super().admit(tenant, reserve)
-        requests, tokens, first_request, first_tokens, clock, over, reservation = answer
-        now = float(clock)
-        window = Window(
-            tenant.rpm,
-            tenant.tpm,
-            int(requests),
-            int(tokens),
-            (float(first_request) + WINDOW - now) if first_request else WINDOW,
-            (float(first_tokens) + WINDOW - now) if first_tokens else 0.0,
-            -int(reservation) if int(reservation) else None,
-        )
+        window, over = answer
         if over:
             metrics.RATE_LIMITED.labels(tenant.name, over).inc()
             raise _too_many(tenant, window, over)
@@ -283,10 +291,10 @@ class SharedLimiter(Limiter):
 
     def used(self, tenant: Tenant) -> tuple[int, int]:
         keys = _keys(tenant.name)
-        answer = self._shared(lambda: self._used(keys=[keys[0], keys[2]], args=[WINDOW]))
+        answer = self._shared(lambda: _pair(self._used(keys=[keys[0], keys[2]], args=[WINDOW])))
         if answer is None:
             return super().used(tenant)
-        return int(answer[0]), int(answer[1])
+        return answer
 
     def charge(self, tenant: Tenant, tokens: int, reservation: int | None = None) -> None:
         self._charge(tenant, tokens, (0, 0, 0), reservation)
@@ -314,10 +322,10 @@ class SharedLimiter(Limiter):
     def totals(self, name: str) -> dict[str, int] | None:
         """A key's usage summed over every instance; None while Redis is away (the caller
         shows this instance's own metrics then)."""
-        answer = self._shared(lambda: self.redis.hgetall(_keys(name)[5]))
-        if answer is None:
-            return None
-        return {str(field): int(value) for field, value in sorted(answer.items())}
+        def read() -> dict[str, int]:
+            return {str(f): int(v) for f, v in sorted(self.redis.hgetall(_keys(name)[5]).items())}
+
+        return self._shared(read)
 
     def _shared(self, call: Callable[[], _T]) -> _T | None:
         """The call's answer from Redis; None when this worker counts locally instead."""
@@ -328,6 +336,11 @@ class SharedLimiter(Limiter):
             answer = call()
         except redis.RedisError as exc:
             self._lost(f"{type(exc).__name__}: {exc}", now)
+            return None
+        except WRONG_SHAPE as exc:
+            # Whatever the connection was in the middle of reading is not to be trusted.
+            self.redis.connection_pool.disconnect()
+            self._lost(f"it answered in a shape Redis does not ({type(exc).__name__}: {exc})", now)
             return None
         self.heard_at = now
         if self.down is not None:
@@ -349,6 +362,29 @@ class SharedLimiter(Limiter):
         )
         self.retry_at = now + self.retry_every
         metrics.LIMITS_SHARED.labels("redis").set(0)
+
+
+def _window(tenant: Tenant, answer: Any) -> tuple[Window, str]:
+    """The admit script's answer as a Window, and the limit it is over ("" for none)."""
+    requests, tokens, first_request, first_tokens, clock, over, reservation = answer
+    now = float(clock)
+    window = Window(
+        tenant.rpm,
+        tenant.tpm,
+        int(requests),
+        int(tokens),
+        (float(first_request) + WINDOW - now) if first_request else WINDOW,
+        (float(first_tokens) + WINDOW - now) if first_tokens else 0.0,
+        -int(reservation) if int(reservation) else None,
+    )
+    if over and over not in ("requests", "tokens"):
+        raise ValueError(f"the admit script said over {over!r}")
+    return window, str(over or "")
+
+
+def _pair(answer: Any) -> tuple[int, int]:
+    requests, tokens = answer
+    return int(requests), int(tokens)
 
 
 def _limit(value: int | None) -> int:

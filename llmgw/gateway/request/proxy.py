@@ -9,7 +9,7 @@ The body is read and checked in request/body.py, the answer relayed in request/r
 a client that leaves noticed in request/gone.py; this module decides where a request goes.
 
 The request is checked against the model before any replica is bothered. Then replicas are
-tried best first (see routing.Model.candidates): a refused connection or a 502/503/504 moves
+tried best first (see state/routes.py: Model.candidates): a refused connection or a 502/503/504 moves
 on to the next, because the client has seen nothing yet. Any other 5xx may be the request's
 own doing: it is tried once more elsewhere, and fails the replica only if another replica
 answers; failed twice, the client gets the engine's own error. The response status goes to
@@ -42,6 +42,7 @@ import falcon
 import falcon.asgi
 import httpx
 
+from llmgw.gateway.api import APIS
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.access import Access, check_model
 from llmgw.gateway.request.body import (
@@ -53,9 +54,10 @@ from llmgw.gateway.request.body import (
     wrong_endpoint,
 )
 from llmgw.gateway.request.context import RequestContext, context_of
-from llmgw.gateway.request.demand import Demand
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
-from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.lease import Leases
+from llmgw.gateway.request.limits import Limiter, Window
+from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.relay import (
     Answer,
     Outgoing,
@@ -67,20 +69,16 @@ from llmgw.gateway.request.relay import (
     unreserve,
 )
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
-from llmgw.gateway.request.routing import (
-    COUNTING,
-    ENDPOINTS_FOR_TASK,
-    GATEWAY_PATHS,
-    Model,
-    Replica,
-    prefix_key,
-)
-from llmgw.gateway.request.upstream import Reply, Upstream
 from llmgw.gateway.request.usage import Meter, prompt_estimate
-from llmgw.gateway.server.config import VIA_HEADER, Settings
+from llmgw.gateway.settings import VIA_HEADER, Settings
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
+from llmgw.gateway.state.routes import (
+    Model,
+    Replica,
+)
+from llmgw.gateway.upstream import Reply, Upstream
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -100,8 +98,6 @@ _NOT_TAKEN = (
 # Any other 5xx may be the request's own doing; see `Proxy._blame`.
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
-_ASKS_FOR_USAGE = frozenset({"chat", "completion"})
-
 
 class _NotReady(str):
     """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
@@ -120,15 +116,16 @@ class Proxy:
         outliers: Outliers,
         budget: RetryBudget,
         limiter: Limiter | None = None,
-        demand: Demand | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.kind = kind
-        self.demand = demand
+        self.api = APIS[kind]
+        self.leases = leases
         self.outliers = outliers
         self.budget = budget
         self.limiter = limiter
         self.max_response = settings.max_response_bytes
-        self.path = GATEWAY_PATHS[kind]
+        self.path = self.api.path
         self.upstream = upstream
         self.health = health
         self.access = access
@@ -149,6 +146,50 @@ class Proxy:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         ctx = context_of(req)
+        body, request, model = await self._checked(req, ctx)
+        requested = request["model"]
+        tenant = ctx.tenant
+        ctx.prompt_estimate = prompt_estimate(body)
+        asked = request
+        request, most = output_limit(model, self.kind, request)
+        counting = self.api.counts_only
+        window = (
+            # A counting request counts toward rpm and reserves no tokens (see Api.counts_only).
+            self.limiter.admit(tenant, 0 if counting else ctx.prompt_estimate + (most or 0))
+            if tenant is not None and self.limiter
+            else None
+        )
+        ctx.reservation = window.reservation if window is not None else None
+        meter = Meter(free=counting)
+        # Only some APIs must be asked for a stream's usage (chat and completions); the
+        # Responses and Messages APIs always send it.
+        if request.get("stream") is True and self.api.asks_for_usage:
+            request, meter = ask_for_usage(request)
+        if request is not asked:  # written once, whatever the two steps above added
+            body = json.dumps(request).encode()
+        watch = Disconnect(req.scope)
+        try:
+            key = functools.partial(prefix_key, self.kind, request)
+            answer = await self._open(model, requested, request, body, ctx, watch, key)
+        except BaseException:
+            watch.stop()
+            unreserve(ctx, self.limiter)
+            raise
+        try:
+            await self._respond(req, resp, answer, watch, meter, window, (model, requested))
+        except BaseException:
+            # Until the Relay owns the answer, the replica's count and the engine's
+            # connection are ours to give back.
+            watch.stop()
+            await answer.drop()
+            unreserve(ctx, self.limiter)
+            raise
+
+    async def _checked(
+        self, req: falcon.asgi.Request, ctx: RequestContext
+    ) -> tuple[bytes, dict[str, Any], Model]:
+        """The request's body, as read and parsed, and its model: everything checked that can
+        be before any replica is bothered; ApiError for the first thing wrong."""
         if req.get_header(VIA_HEADER) == self.instance:
             raise ApiError(
                 508,
@@ -172,90 +213,71 @@ class Proxy:
         model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
         ctx.model = model.name
         check_model(tenant, model, ctx.table)
-        if self.kind not in ENDPOINTS_FOR_TASK[model.task]:
+        if model.task not in self.api.tasks:
             raise wrong_endpoint(model, self.path)
         check_max_tokens(model, request)
-        ctx.prompt_estimate = prompt_estimate(body)
-        asked = request
-        request, most = output_limit(model, self.kind, request)
-        counting = self.kind in COUNTING
-        window = (
-            # A counting request counts toward rpm and reserves no tokens (see COUNTING).
-            self.limiter.admit(tenant, 0 if counting else ctx.prompt_estimate + (most or 0))
-            if tenant is not None and self.limiter
-            else None
-        )
-        ctx.reservation = window.reservation if window is not None else None
-        meter = Meter(free=counting)
-        # Only chat and completions must be asked for a stream's usage: the Responses and
-        # Messages APIs always send it.
-        if request.get("stream") is True and self.kind in _ASKS_FOR_USAGE:
-            request, meter = ask_for_usage(request)
-        if request is not asked:  # written once, whatever the two steps above added
-            body = json.dumps(request).encode()
-        watch = Disconnect(req.scope)
-        try:
-            key = functools.partial(prefix_key, self.kind, request)
-            answer = await self._open(model, requested, request, body, ctx, watch, key)
-        except BaseException:
-            watch.stop()
-            unreserve(ctx, self.limiter)
-            raise
-        try:
-            ctx.replica = answer.replica.endpoint
-            upstream = answer.upstream
+        return body, request, model
+
+    async def _respond(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        answer: Answer,
+        watch: Disconnect,
+        meter: Meter,
+        window: Window | None,
+        named: tuple[Model, str],
+    ) -> None:
+        """Send the answer on: whole when it came in one piece, else through a Relay."""
+        ctx = context_of(req)
+        model, requested = named
+        ctx.replica = answer.replica.endpoint
+        upstream = answer.upstream
+        length = upstream.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_response:
+            await self._refuse_too_large(answer, watch, int(length))
+        resp.status = upstream.status_code
+        if window is not None:
+            resp.set_headers(window.headers())
+        # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
+        # would have a browser render its bytes as a page of this gateway's origin.
+        rename: EventRename | JsonRename
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            resp.content_type = "text/event-stream"
+            # Its first event is in hand (`_open` timed it): that is the first token.
+            metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb or 0.0)
+            rename = EventRename(requested, meter, responses=self.kind == "responses")
+            answer.first = rename.feed(answer.first)
+        else:
+            resp.content_type = falcon.MEDIA_JSON
+            whole = answer.whole(self.max_response)
+            if whole is not None:
+                # The usual JSON answer came whole in its first chunk: it goes out in
+                # one piece, and the engine's connection and the replica are free before
+                # it does, with no relay to run.
+                watch.stop()
+                await answer.drop()
+                parsed = meter.read(whole)
+                # An engine started with the served name (as llmgw starts every engine:
+                # llmgw/engines/) already says what was asked for by that name.
+                if not (isinstance(parsed, dict) and parsed.get("model") == requested):
+                    whole = renamed(whole, json.dumps(requested).encode(), complete=True)
+                if upstream.status_code == 400:
+                    whole = context_exceeded(parsed, self.kind) or whole
+                count_tokens(ctx, meter, upstream.status_code, self.limiter)
+                if watch.gone:  # left as the answer came: logged as the relay logs it
+                    raise ApiError(CLIENT_GONE, "client went away")
+                resp.data = whole
+                return
+            rename = JsonRename(requested)
+            answer.first = rename.feed(answer.first)
+            meter.part(answer.first)
+            meter.whole = True
             length = upstream.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > self.max_response:
-                await self._refuse_too_large(answer, watch, int(length))
-            resp.status = upstream.status_code
-            if window is not None:
-                resp.set_headers(window.headers())
-            # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
-            # would have a browser render its bytes as a page of this gateway's origin.
-            rename: EventRename | JsonRename
-            if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                resp.content_type = "text/event-stream"
-                # Its first event is in hand (`_open` timed it): that is the first token.
-                metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb or 0.0)
-                rename = EventRename(requested, meter, responses=self.kind == "responses")
-                answer.first = rename.feed(answer.first)
-            else:
-                resp.content_type = falcon.MEDIA_JSON
-                whole = answer.whole(self.max_response)
-                if whole is not None:
-                    # The usual JSON answer came whole in its first chunk: it goes out in
-                    # one piece, and the engine's connection and the replica are free before
-                    # it does, with no relay to run.
-                    watch.stop()
-                    await answer.drop()
-                    parsed = meter.read(whole)
-                    # An engine started with the served name (as llmgw starts every engine:
-                    # llmgw/engines.py) already says what was asked for by that name.
-                    if not (isinstance(parsed, dict) and parsed.get("model") == requested):
-                        whole = renamed(whole, json.dumps(requested).encode(), complete=True)
-                    if upstream.status_code == 400:
-                        whole = context_exceeded(parsed, self.kind) or whole
-                    count_tokens(ctx, meter, upstream.status_code, self.limiter)
-                    if watch.gone:  # left as the answer came: logged as the relay logs it
-                        raise ApiError(CLIENT_GONE, "client went away")
-                    resp.data = whole
-                    return
-                rename = JsonRename(requested)
-                answer.first = rename.feed(answer.first)
-                meter.part(answer.first)
-                meter.whole = True
-                length = upstream.headers.get("content-length")
-                if rename.done and length is not None and length.isdigit():
-                    resp.content_length = int(length) + rename.growth
-            ctx.streaming = True  # the access log's line is the relay's to write, at its end
-            resp.stream = Relay(self, req, answer, watch, rename, meter)
-        except BaseException:
-            # Until the Relay owns the answer, the replica's count and the engine's
-            # connection are ours to give back.
-            watch.stop()
-            await answer.drop()
-            unreserve(ctx, self.limiter)
-            raise
+            if rename.done and length is not None and length.isdigit():
+                resp.content_length = int(length) + rename.growth
+        ctx.streaming = True  # the access log's line is the relay's to write, at its end
+        resp.stream = Relay(self, req, answer, watch, rename, meter)
 
     async def _open(
         self,
@@ -290,14 +312,7 @@ class Proxy:
                     if faulted is not None:
                         ctx.ttfb = time.perf_counter() - ctx.start
                         return faulted
-                    raise ApiError(
-                        502,
-                        f"{model.name} could not answer: {last}. The gateway did not try another "
-                        "replica because many requests are failing right now (its retry budget "
-                        "is spent); retry shortly.",
-                        type="upstream_error",
-                        code="upstream_unreachable",
-                    )
+                    raise _budget_spent(model, last)
                 tried += 1
                 served = profile.served_name
                 if served == requested:
@@ -337,8 +352,12 @@ class Proxy:
             # error says more than a 502 would.
             ctx.ttfb = time.perf_counter() - ctx.start
             return faulted
+        raise self._none_answered(model, tried, not_ready, last)
+
+    def _none_answered(self, model: Model, tried: int, not_ready: int, last: str) -> ApiError:
+        """Why no replica answered: none in rotation, every one still loading, or every one failed."""
         if not tried:
-            raise ApiError(
+            return ApiError(
                 503,
                 f"No replica of {model.name} is in rotation right now"
                 + ("" if model.has_replicas() else " (the plan places none)")
@@ -348,7 +367,7 @@ class Proxy:
                 headers={"Retry-After": self.retry_after},
             )
         if not_ready == tried:
-            raise ApiError(
+            return ApiError(
                 503,
                 f"{model.name} is not ready yet: its engine is still loading ({last}). "
                 f"Retry in {self.retry_after}s; /dashboard shows when it is in rotation.",
@@ -356,7 +375,7 @@ class Proxy:
                 code="model_not_ready",
                 headers={"Retry-After": self.retry_after},
             )
-        raise ApiError(
+        return ApiError(
             502,
             f"Every replica of {model.name} failed ({tried} tried; last: {last}). "
             "Retry shortly; if it persists, the engines need attention.",
@@ -443,11 +462,15 @@ class Proxy:
         watch.waiting = True
         hold = replica.hold()
         try:
-            if replica.agent is not None and self.demand is not None:
+            if replica.agent is not None and self.leases is not None:
+                if watch.gone:
+                    # Gone before the wait began, so nothing cancels it: asking the agent
+                    # now would start (and make room for) an engine nobody waits for.
+                    raise ApiError(CLIENT_GONE, "client went away")
                 # Held here until its agent has the engine ready (a client that leaves
                 # meanwhile cancels the wait); the first-byte allowance starts after.
-                lease = await self.demand.lease(model, replica)
-                hold.after = functools.partial(self.demand.release, replica, lease)
+                lease = await self.leases.lease(model, replica)
+                hold.after = functools.partial(self.leases.release, replica, lease)
             async with asyncio.timeout(self.first_byte_timeout):
                 upstream = await self.upstream.post(
                     replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
@@ -474,3 +497,12 @@ class Proxy:
         return Answer(upstream, hold, chunks, first)
 
 
+def _budget_spent(model: Model, last: str) -> ApiError:
+    return ApiError(
+        502,
+        f"{model.name} could not answer: {last}. The gateway did not try another "
+        "replica because many requests are failing right now (its retry budget "
+        "is spent); retry shortly.",
+        type="upstream_error",
+        code="upstream_unreachable",
+    )

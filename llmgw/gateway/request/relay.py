@@ -12,16 +12,17 @@ from typing import Any, Protocol
 import falcon.asgi
 import httpx
 
-from llmgw.gateway.errors import anthropic_error_body, error_body, responses_error_event, speaks_anthropic
+from llmgw.gateway.api import Api
+from llmgw.gateway.errors import anthropic_error_body, error_body, responses_error_event
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, STALLED, Disconnect
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.rename import EventRename, JsonRename
-from llmgw.gateway.request.routing import GATEWAY_PATHS, InFlight
-from llmgw.gateway.request.upstream import Reply
 from llmgw.gateway.request.usage import Meter
 from llmgw.gateway.state import metrics
+from llmgw.gateway.state.routes import InFlight
+from llmgw.gateway.upstream import Reply
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -31,6 +32,7 @@ _ERROR_LIMIT = 1 << 20
 class Relaying(Protocol):
     """What a relay needs of the endpoint that asked: its limits, and where the ending goes."""
 
+    api: Api
     chunk_timeout: float
     max_response: int
     limiter: Limiter | None
@@ -243,9 +245,9 @@ class Relay:
         await self.close()
         if not self.event_stream:
             raise AnswerCut(message)
-        if speaks_anthropic(self.req.path):  # as Anthropic ends a stream that fails
+        if self.proxy.api.events == "anthropic":  # as Anthropic ends a stream that fails
             return b"event: error\ndata: " + anthropic_error_body(self.status, message) + b"\n\n"
-        if self.req.path == GATEWAY_PATHS["responses"]:
+        if self.proxy.api.events == "responses":
             return responses_error_event(message)
         return b"data: " + error_body(message, "upstream_error") + b"\n\n"
 
@@ -303,14 +305,15 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
         return
     try:
         meter.finish()
-        if meter.prompt is not None:
+        if meter.prompt is not None and meter.final:
             prompt, completion = meter.prompt, meter.completion or 0
-        elif status < 400:
-            # Cut short (the client left, or the engine broke off) before usage came: the
-            # prompt was read all the same, and each event relayed carried about a token,
-            # so the key is charged that estimate; hanging up just before the usage event
-            # once cost nothing but the prompt.
-            prompt, completion = ctx.prompt_estimate, meter.events
+        elif status < 400 or meter.prompt is not None:
+            # Cut short (the client left, or the engine broke off) before the usage of the
+            # whole answer came: the prompt was read all the same, and each event relayed
+            # carried about a token, so the key is charged at least that; hanging up just
+            # before the usage event once cost nothing but the prompt.
+            prompt = meter.prompt if meter.prompt is not None else ctx.prompt_estimate
+            completion = meter.relayed()
         else:
             unreserve(ctx, limiter)
             return  # the engine refused the request: nothing was generated

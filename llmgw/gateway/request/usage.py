@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
-# A whole (non-streamed) answer is kept to read its usage only up to this size: embeddings of
-# long batches run to megabytes, and their usage is then estimated instead.
+# A whole (non-streamed) answer is kept to be parsed only up to this size. Past it (embeddings
+# of long batches, an answer with `top_logprobs`) only its first and last bytes are kept and
+# searched for its usage: an answer of 4,003 tokens with logprobs passes 4 MiB, and was once
+# charged as 34 because its usage went unread.
 _KEEP = 4 << 20
+# Usage is an object of a few numbers near an answer's start (llama-server's embeddings) or
+# end (every chat and completion answer): this much of each end holds it many times over.
+_ENDS = 64 << 10
+_USAGE_KEY = re.compile(rb'"usage"\s*:\s*\{')
 
 
 def prompt_estimate(body: bytes) -> int:
@@ -45,8 +52,14 @@ class Meter:
         self.completion: int | None = None
         self.whole = False  # a whole JSON answer, read at its end (else an event stream)
         self.events = 0  # JSON events seen: a cut stream's tokens are estimated from them
+        # The usage read counts the whole answer: a whole JSON answer's, a stream's last
+        # word. Messages' message_start says 1 output token as the answer starts; a stream
+        # cut after it was charged that 1 for all it had relayed.
+        self.final = False
         self._parts: list[bytes] | None = []
         self._kept = 0
+        self._head = b""  # past _KEEP: the answer's first and last bytes, for its usage
+        self._tail = bytearray()
 
     @property
     def seen(self) -> bool:
@@ -68,27 +81,50 @@ class Meter:
         kind = data.get("type")
         if kind in _USAGE_IN:
             inner = data.get(_USAGE_IN[kind])
-            self._note(inner.get("usage") if isinstance(inner, dict) else None)
+            if self._note(inner.get("usage") if isinstance(inner, dict) else None):
+                self.final = kind != "message_start"
             return False
         if kind == "message_delta":
-            self._note(data.get("usage"), later=True)
+            self.final = self._note(data.get("usage"), later=True) or self.final
             return False
         if not self._note(data.get("usage")):
             return False
-        return self.strip and data.get("choices") == []
+        # vLLM's continuous usage is in every event, counting the answer so far: only the
+        # usage-only event, or the one that ends a choice, counts all of it.
+        choices = data.get("choices")
+        self.final = choices == [] or (
+            isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
+        )
+        return self.strip and choices == []
+
+    def relayed(self) -> int:
+        """The output tokens a stream is charged: its usage when that counts the whole
+        answer; else, cut short, at least an estimate of what it relayed (each event about
+        a token), whatever an earlier event said."""
+        if self.final:
+            return self.completion or 0
+        return max(self.completion or 0, self.events)
 
     def part(self, chunk: bytes) -> None:
         """A chunk of a whole JSON answer."""
-        if self._parts is None:
-            return
         self._kept += len(chunk)
-        if self._kept > _KEEP:
-            self._parts = None
+        if self._parts is None:  # past _KEEP: only its last bytes are kept
+            self._tail += chunk
+            del self._tail[:-_ENDS]
             return
         self._parts.append(chunk)
+        if self._kept > _KEEP:
+            whole = b"".join(self._parts)
+            self._parts = None
+            self._head, self._tail = whole[:_ENDS], bytearray(whole[-_ENDS:])
 
     def finish(self) -> None:
         """A whole JSON answer is complete: read its usage."""
+        if self._head:
+            head, tail = self._head, bytes(self._tail)
+            self._head, self._tail = b"", bytearray()
+            self._note_found(head, tail)
+            return
         if not self._parts:
             return
         parts, self._parts = self._parts, None
@@ -96,17 +132,35 @@ class Meter:
 
     def read(self, answer: bytes) -> Any:
         """Read the usage of a whole JSON answer; the answer as parsed (None if it is not
-        JSON, or too long to keep)."""
+        JSON, or too long to parse: its usage is then searched for at its ends)."""
         self._parts = None
         if len(answer) > _KEEP:
+            self._note_found(answer[:_ENDS], answer[-_ENDS:])
             return None
         try:
             data = json.loads(answer)
         except (ValueError, RecursionError):  # still the engine's answer, passed on as it came
             return None
         if isinstance(data, dict):
-            self._note(data.get("usage"))
+            self.final = self._note(data.get("usage"))
         return data
+
+    def _note_found(self, head: bytes, tail: bytes) -> None:
+        """The usage of an answer too long to parse, found at its end (or else its start).
+
+        A `"usage":` with its quotes bare is a key, never text: within a JSON string a
+        quote is escaped. The last one in the tail is the top level's, written after the
+        choices; the first in the head, before the data (llama-server's embeddings).
+        """
+        found = [m.end() - 1 for m in _USAGE_KEY.finditer(tail)][::-1]
+        for text, at in [(tail, a) for a in found] + [(head, m.end() - 1) for m in _USAGE_KEY.finditer(head)]:
+            try:
+                usage, _ = _RAW.raw_decode(text[at : at + _ENDS].decode("utf-8", "replace"))
+            except (ValueError, RecursionError):
+                continue  # cut by the end kept: the next one
+            if self._note(usage):
+                self.final = True
+                return
 
     def _note(self, usage: Any, later: bool = False) -> bool:
         """Take a usage object; `later` for one that may give only the output so far, after
@@ -132,6 +186,9 @@ class Meter:
         elif self.completion is None:
             self.completion = 0
         return True
+
+
+_RAW = json.JSONDecoder()
 
 
 def _tokens(usage: dict[str, Any], *names: str) -> int | None:

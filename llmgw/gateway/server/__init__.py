@@ -1,1 +1,1 @@
-"""The gateway process: gunicorn, its worker, settings, the app factory."""
+"""The gateway process: gunicorn, its worker, the app factory."""

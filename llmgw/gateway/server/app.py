@@ -17,6 +17,7 @@ import falcon
 import falcon.asgi
 import httpx
 
+from llmgw.gateway.api import APIS
 from llmgw.gateway.errors import ApiError, handle_api_error, handle_unexpected, serialize_http_error
 from llmgw.gateway.pages.dashboard import DashboardSnapshot, add_dashboard_routes
 from llmgw.gateway.pages.openapi import OpenApi
@@ -31,20 +32,21 @@ from llmgw.gateway.pages.resources import (
 )
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import Request
-from llmgw.gateway.request.demand import Demand
+from llmgw.gateway.request.lease import Leases
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
-from llmgw.gateway.request.routing import GATEWAY_PATHS, RouteTable
-from llmgw.gateway.request.upstream import FastTransport, Upstream
-from llmgw.gateway.server.config import Settings, settings_from_env
+from llmgw.gateway.settings import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.keys import Keys, keys_from_settings
+from llmgw.gateway.state.loaded import Loaded
 from llmgw.gateway.state.outlier import Outliers, RetryBudget, replica_states
 from llmgw.gateway.state.rates import Samples
 from llmgw.gateway.state.reload import PlanState, settle_heap
+from llmgw.gateway.state.routes import RouteTable
+from llmgw.gateway.upstream import FastTransport, Upstream
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -108,9 +110,9 @@ class Lifecycle:
         settings: Settings,
         keys: Keys | None,
         samples: Samples,
-        demand: Demand,
+        loaded: Loaded,
     ) -> None:
-        self.demand = demand
+        self.loaded = loaded
         self.state = state
         self.keys = keys
         self.samples = samples
@@ -127,7 +129,7 @@ class Lifecycle:
             loop.create_task(Discovery(self.settings, self.health).watch(self.state)),
             loop.create_task(self.samples.watch()),
             # The agents' word on what is loaded, for /v1/models and the dashboard.
-            loop.create_task(self.demand.watch(self.state, max(1.0, self.settings.health_interval))),
+            loop.create_task(self.loaded.watch(self.state, max(1.0, self.settings.health_interval))),
         ]
         if self.keys is not None:
             self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
@@ -144,13 +146,22 @@ _RATE_HEADERS = [
 ]
 
 
+class _ApiCors(falcon.CORSMiddleware[Any, Any]):
+    """CORS on the API (/v1/...) only: on every path, a page of an allowed origin could read
+    /metrics, /readyz and the dashboard's status, which are for the operator."""
+
+    def process_response(self, req: Any, resp: Any, resource: object, req_succeeded: bool) -> None:
+        if req.path.startswith("/v1/"):
+            super().process_response(req, resp, resource, req_succeeded)
+
+
 def _cors(settings: Settings) -> list[falcon.CORSMiddleware[Any, Any]]:
     """Falcon's CORS middleware for the origins LLMGW_CORS_ORIGINS lists; none when unset."""
     origins = settings.cors_origins
     if not origins:
         return []
     return [
-        falcon.CORSMiddleware(
+        _ApiCors(
             allow_origins="*" if "*" in origins else list(origins),
             # What an OpenAI client in a page reads besides the body.
             expose_headers=[*_RATE_HEADERS, "Retry-After", "X-Request-Id"],
@@ -177,8 +188,9 @@ def create_app(
     limiter = _limiter(settings, shared)
     samples = Samples(shared)
 
-    demand = Demand(settings.load_timeout, settings.max_held)
-    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, demand)
+    loaded = Loaded()
+    leases = Leases(settings.load_timeout, settings.max_held, loaded)
+    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, loaded)
     app = _App(request_type=Request, middleware=[*_cors(settings), lifecycle, access])
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
@@ -188,13 +200,13 @@ def create_app(
     # the same replica failing completions.
     outliers = Outliers(settings.eject_after, settings.eject_time, settings.eject_max_time)
     budget = RetryBudget(settings.retry_budget, settings.retry_floor)
-    models = Models(demand)
+    models = Models(loaded)
     app.add_route("/v1/models", models)
     # `path`, because names may hold a slash (org/model, as vLLM serves them).
     app.add_route("/v1/models/{model_id:path}", models, suffix="item")
-    for kind, path in GATEWAY_PATHS.items():
+    for kind, api in APIS.items():
         app.add_route(
-            path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, demand)
+            api.path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, leases)
         )
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())
@@ -207,7 +219,7 @@ def create_app(
     key_pages = DashboardKeys(keys, limiter, settings.admin_token)
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
-    _add_dashboard(app, state, keys, samples, demand, settings.metrics_token, limiter)
+    _add_dashboard(app, state, keys, samples, loaded, settings.metrics_token, limiter)
     settle_heap()
     return app
 
@@ -217,7 +229,7 @@ def _add_dashboard(
     state: PlanState,
     keys: Keys | None,
     samples: Samples,
-    demand: Demand,
+    loaded: Loaded,
     metrics_token: str | None,
     limiter: Limiter | None,
 ) -> None:
@@ -231,7 +243,7 @@ def _add_dashboard(
             keys_refusal=keys.refusal if keys is not None else None,
             limits_degraded=limits.reason if limits is not None else None,
             usage=samples.figures(),
-            loaded=demand.loaded_now(table.plan),
+            loaded=loaded.loaded_now(table.plan),
             healthy=_healthy(table),
             discovery_errors=tuple(g.error for g in table.groups.values() if g.error),
             replicas=replica_states(table.every_replica().values()),

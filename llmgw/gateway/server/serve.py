@@ -2,7 +2,7 @@
 
 Each worker is one process with one event loop; a streamed answer costs a task, not a
 thread, so a worker holds thousands of slow generations at once. Workers share only the
-metrics directory (metrics files, and the rate-limit counts: see gateway/limits.py): each
+metrics directory (metrics files, and the rate-limit counts: see gateway/request/limits.py): each
 loads the plan and the keys, checks health and watches both files on its own.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 
 from llmgw.errors import PlanError, UsageError
-from llmgw.gateway.server.config import settings_from_env
 from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
+from llmgw.gateway.settings import settings_from_env
 from llmgw.gateway.state.keys import keys_from_settings
 from llmgw.gateway.state.reload import last_good_path, read_table
 from llmgw.plan import PlanProfile, PlanReplica, read_plan
@@ -38,7 +38,7 @@ def gunicorn_argv(bind: str, workers: int) -> list[str]:
         "llmgw.gateway.server.asgi:app",
         "--worker-class",
         # uvicorn's worker, with limits on header size and count, header and body read
-        # timeouts, and a cap on connections (see gateway/worker.py).
+        # timeouts, and a cap on connections (see gateway/server/worker.py).
         "llmgw.gateway.server.worker.Worker",
         "--workers",
         str(workers),

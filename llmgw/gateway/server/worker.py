@@ -35,7 +35,7 @@ from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
 from llmgw.gateway.request.gone import GONE, STALLED, ClientGone
-from llmgw.gateway.server.config import Settings, settings_from_env
+from llmgw.gateway.settings import Settings, settings_from_env
 
 log = logging.getLogger("llmgw.gateway")
 

@@ -1,1 +1,2 @@
-"""What changes under the requests: the served plan, discovery, health, keys, outliers, rates, metrics."""
+"""What changes under the requests: the served plan, the route table, discovery, health, keys,
+what is loaded where, outliers, rates, metrics."""

@@ -20,10 +20,10 @@ import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
-from llmgw.gateway.request.routing import DnsGroup
-from llmgw.gateway.server.config import Settings
+from llmgw.gateway.settings import Settings
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.reload import PlanState
+from llmgw.gateway.state.routes import DnsGroup
 
 log = logging.getLogger("llmgw.gateway")
 

@@ -13,10 +13,10 @@ import logging
 
 import httpx
 
-from llmgw.gateway.request.routing import Replica
-from llmgw.gateway.request.upstream import Upstream
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.reload import PlanState
+from llmgw.gateway.state.routes import Replica
+from llmgw.gateway.upstream import Upstream
 
 log = logging.getLogger("llmgw.gateway")
 PROBES_AT_ONCE = 64

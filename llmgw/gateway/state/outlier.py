@@ -26,8 +26,8 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from llmgw.gateway.request.routing import Model, Replica
 from llmgw.gateway.state import metrics
+from llmgw.gateway.state.routes import Model, Replica
 
 log = logging.getLogger("llmgw.gateway")
 

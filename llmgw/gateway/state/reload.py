@@ -32,8 +32,8 @@ from pathlib import Path
 
 from llmgw.atomic import Signature, file_signature, replace_file
 from llmgw.errors import LlmgwError, PlanError
-from llmgw.gateway.request.routing import RouteTable
 from llmgw.gateway.state import metrics
+from llmgw.gateway.state.routes import RouteTable
 from llmgw.plan import Plan, parse_plan, read_plan
 
 log = logging.getLogger("llmgw.gateway")

@@ -7,6 +7,14 @@ Before a start, room is made by memory: the least recently used on-demand engine
 leases are stopped until the new one fits beside the node's always-on replicas by the plan's
 figures and by what the machine really has free (MemAvailable), since the plan's figures
 alone once let a model start into a machine whose page cache and other tenants had taken it.
+
+An acquire or release that cannot be done is a `Refusal`, answered to the gateway as HTTP
+with the sentence and its fields (status.py):
+
+    Refusal         400  a body the agent cannot read
+      NotOnDemand   404  the endpoint is always on, or no replica of this node's plan
+      NoRoom        409  it does not fit, or its GPUs are held by engines with leases
+      NotReady      503  it was not ready in time, or failed to start
 """
 
 from __future__ import annotations
@@ -153,7 +161,10 @@ class OnDemand:
             if not runner.active:
                 async with self.room:
                     if not runner.active:  # another acquire started it while this one waited
-                        await self._make_room(runner)
+                        # A caller that does not wait may start an engine into free room,
+                        # never stop a loaded one for it: a request whose client left at
+                        # once cost a loaded model and served nothing.
+                        await self._make_room(runner, evict=wait_s > 0)
                         runner.wake()
                         started = True
             if not await runner.wait_ready(wait_s):
@@ -201,12 +212,23 @@ class OnDemand:
             runner.idle_since = time.monotonic()
             runner.last_used = time.time()
 
-    async def _make_room(self, runner: Runner) -> None:
+    async def _make_room(self, runner: Runner, evict: bool = True) -> None:
         need = _engine(runner)
         running = [
             _engine(r) for r in self.agent.runners.values() if r.on_demand and r.active and r is not runner
         ]
-        for victim in engines_to_stop(need, self.capacity_gb(), running, available_gb()):
+        victims = engines_to_stop(need, self.capacity_gb(), running, available_gb())
+        if victims and not evict:
+            names = ", ".join(v.name for v in victims)
+            raise NotReady(
+                f"{need.name} is not started: it needs {names} stopped to make room, which is "
+                "done only for a caller that waits; ask again with wait_s above 0.",
+                state=runner.state,
+            )
+        for victim in victims:
+            # Checked before each eviction: a caller gone while the lock was awaited (or
+            # while an earlier engine stopped) must cost nobody a loaded model.
+            _still_wanted()
             stopped = self.agent.runners[victim.key]
             log.info("%s evicted to make room for %s", stopped.want.key, runner.want.key)
             stopped.evictions += 1
@@ -269,6 +291,14 @@ class OnDemand:
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _still_wanted() -> None:
+    """Raise CancelledError when this acquire's caller has gone (its task is being
+    cancelled, see status.py's CancelOnDisconnect), even if that was absorbed on the way."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _engine(runner: Runner) -> Engine:

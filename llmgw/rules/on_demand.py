@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from llmgw.catalogue import Entry
+from llmgw.engines import gpus_for
 from llmgw.findings import Finding
 from llmgw.rules.context import Context
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
 
 def check(ctx: Context) -> Iterator[Finding]:
+    if ctx.kubernetes:
+        yield from unsupported_on_kubernetes(ctx.entries)
     for entry in ctx.entries:
         for profile in entry.spec.profiles:
             path = entry.profile_path(profile)
@@ -73,7 +76,7 @@ def crowded(entries: Iterable[Entry], placement: Placement) -> list[Finding]:
             per_node = Counter(slot.node.name for slot in placement.replicas(entry.spec.name, profile.name))
             for name, placed in sorted(per_node.items()):
                 state = nodes[name]
-                gpus = profile.gpus_needed
+                gpus = gpus_for(profile)
                 room = state.free_gb  # what the always-on replicas leave
                 fit = state.free_gpus // gpus if gpus else math.floor(room / memory.gb + 1e-9)
                 if placed <= max(fit, 1):

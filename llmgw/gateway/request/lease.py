@@ -1,4 +1,4 @@
-"""On-demand replicas: ask the node's agent to start the engine, and hold the request meanwhile.
+"""An on-demand replica's lease: ask the node's agent to start the engine, hold the request meanwhile.
 
 A request for an on-demand replica first takes a lease from the replica's agent
 (docs/on-demand.md): the agent starts the engine if it is idle, making room by stopping idle
@@ -9,6 +9,8 @@ given back when the answer ends, however it ends, through the request's `InFligh
 The wait is bounded twice: by LLMGW_LOAD_TIMEOUT for one request, and by LLMGW_MAX_HELD
 requests held per model in this worker, past which a request is turned away at once rather
 than piling up behind a load that may never finish.
+
+Each lease taken and given back is noted in state/loaded.py, which says what is loaded where.
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ from typing import Any
 import httpx
 
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.routing import Replica
 from llmgw.gateway.state import metrics
-from llmgw.gateway.state.reload import PlanState
-from llmgw.plan import Plan
+from llmgw.gateway.state.loaded import Loaded
+from llmgw.gateway.state.routes import Replica
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -36,24 +37,17 @@ ASK_EVERY_S = 10.0
 BUSY_RETRY_S = 1.0
 
 
-class Demand:
-    def __init__(self, load_timeout: float, max_held: int, token: str | None = None) -> None:
+class Leases:
+    """This worker's leases of on-demand engines from their agents."""
+
+    def __init__(self, load_timeout: float, max_held: int, loaded: Loaded, token: str | None = None) -> None:
         self.load_timeout = load_timeout
         self.max_held = max_held
+        self.loaded = loaded
         self.token = token if token is not None else os.environ.get("LLMGW_AGENT_TOKEN")
         self.held: dict[str, int] = {}
         self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(ASK_EVERY_S + 5, connect=2.0))
         self.releases: set[asyncio.Task[None]] = set()
-        # What this worker knows of which on-demand engines are loaded: leases it holds per
-        # endpoint, and when it last took or gave one back. The agent stops an engine only
-        # after its idle time without requests (or to make room), so an engine leased within
-        # that time is taken as loaded: what /v1/models and the dashboard say.
-        self.leased: dict[str, int] = {}
-        self.last_used: dict[str, float] = {}
-        # What each node's agent said is ready, and when: it knows what this worker's leases
-        # cannot, an eviction and another worker's (or gateway's) start. Used while fresh.
-        self.heard: dict[str, tuple[float, frozenset[str]]] = {}
-        self.hear_every = 2.0
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -61,50 +55,8 @@ class Demand:
     async def lease(self, model: str, replica: Replica) -> str:
         """The lease id once the replica's engine is ready; ApiError when it cannot be had."""
         lease = await self._lease(model, replica)
-        self.leased[replica.endpoint] = self.leased.get(replica.endpoint, 0) + 1
-        self.last_used[replica.endpoint] = time.monotonic()
+        self.loaded.took(replica.endpoint)
         return lease
-
-    async def watch(self, state: PlanState, interval: float) -> None:
-        """Ask each on-demand node's agent, every `interval` seconds, which engines are ready."""
-        self.hear_every = interval
-        while True:
-            agents = {n.agent for n in state.table.plan.nodes if n.agent}
-            await asyncio.gather(*(self._hear(a) for a in sorted(agents)))
-            await asyncio.sleep(interval)
-
-    async def _hear(self, agent: str) -> None:
-        try:
-            answer = await self.client.get(agent.rstrip("/") + "/status", timeout=2.0)
-            replicas = answer.json()["replicas"]
-            ready = frozenset(str(r["endpoint"]) for r in replicas if r.get("state") == "ready")
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return  # unheard: its last answer goes stale, and this worker's own record decides
-        self.heard[agent] = (time.monotonic(), ready)
-
-    def loaded(self, endpoint: str, idle_stop_s: float | None, agent: str | None = None) -> bool:
-        """Whether the on-demand engine at `endpoint` is loaded: answering a request of this
-        worker's now, or ready by its agent's last answer while that is fresh; without a
-        fresh answer, used by this worker within its idle time."""
-        if self.leased.get(endpoint, 0) > 0:
-            return True
-        heard = self.heard.get(agent) if agent else None
-        if heard is not None and time.monotonic() - heard[0] < 3 * self.hear_every:
-            return endpoint in heard[1]
-        used = self.last_used.get(endpoint)
-        return used is not None and time.monotonic() - used < (idle_stop_s or 0)
-
-    def loaded_now(self, plan: Plan) -> frozenset[str]:
-        """The plan's on-demand replicas loaded now, by endpoint."""
-        agents = {n.name: n.agent for n in plan.nodes}
-        return frozenset(
-            r.endpoint
-            for m in plan.models
-            for p in m.profiles
-            if p.on_demand
-            for r in p.replicas
-            if self.loaded(r.endpoint, p.idle_stop_s, agents.get(r.node or ""))
-        )
 
     async def _lease(self, model: str, replica: Replica) -> str:
         assert replica.agent is not None
@@ -196,8 +148,7 @@ class Demand:
 
     def release(self, replica: Replica, lease: str) -> None:
         """Give the lease back without making the answer wait for it."""
-        self.leased[replica.endpoint] = max(0, self.leased.get(replica.endpoint, 0) - 1)
-        self.last_used[replica.endpoint] = time.monotonic()
+        self.loaded.gave_back(replica.endpoint)
         task = asyncio.get_running_loop().create_task(self._release(replica, lease))
         self.releases.add(task)
         task.add_done_callback(self.releases.discard)

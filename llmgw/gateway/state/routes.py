@@ -7,7 +7,7 @@ and in-flight counts describe the engine, not the plan that happened to list it.
 
 A replica endpoint with `discovery: dns` is a name that lists every instance (a Kubernetes
 headless Service, Consul, Nomad): its DnsGroup holds one Replica per address it resolved
-to, and changes as the answers do (gateway.discovery), while the table stays as it is.
+to, and changes as the answers do (state/discovery.py), while the table stays as it is.
 """
 
 from __future__ import annotations
@@ -28,111 +28,16 @@ from urllib.parse import urlsplit
 import httpx
 
 from llmgw.errors import PlanError
+from llmgw.gateway.api import APIS, answered_by
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.upstream import Target
 from llmgw.gateway.state import metrics
+from llmgw.gateway.upstream import Target
 from llmgw.plan import Plan, PlanModel, PlanProfile
-
-# Which endpoint a model of each task may be sent to. A chat model also completes raw
-# prompts (llama.cpp and vLLM both serve /v1/completions for it); the reverse is not
-# true: a base model has no chat template, and an embedding model generates nothing.
-# Responses and Messages are chat in another API's words: they need the chat template.
-ENDPOINTS_FOR_TASK = {
-    "chat": frozenset({"chat", "completion", "responses", "messages", "count_tokens", "tokenize"}),
-    "completion": frozenset({"completion", "tokenize"}),
-    "embedding": frozenset({"embedding"}),
-    "rerank": frozenset({"rerank"}),
-}
-# Where each kind of request goes on the engine; the gateway serves them at the same paths,
-# except llama-server's /tokenize, which it serves under /v1 with the rest of the API.
-UPSTREAM_PATHS = {
-    "chat": "/v1/chat/completions",
-    "completion": "/v1/completions",
-    "embedding": "/v1/embeddings",
-    "responses": "/v1/responses",
-    "messages": "/v1/messages",
-    "count_tokens": "/v1/messages/count_tokens",
-    "rerank": "/v1/rerank",
-    "tokenize": "/tokenize",
-}
-GATEWAY_PATHS = {**UPSTREAM_PATHS, "tokenize": "/v1/tokenize"}
-# Requests that count tokens rather than generate them: they count toward a key's rpm, and
-# never its tpm, since a client that counts first would otherwise pay for its prompt twice.
-COUNTING = frozenset({"count_tokens", "tokenize"})
-
 
 # Prefix routing: a replica takes a prefix while it has fewer than this many times the
 # mean requests in flight (plus one); past that the prefix spills to its next replica, so
 # one hot system prompt cannot pile every conversation onto one engine.
 LOAD_BOUND = 1.25
-# How much of a prompt decides its replica: enough to cover a system prompt and the first
-# turn, so every later turn of a conversation, which repeats them, lands where they are cached.
-PREFIX_CHARS = 2048
-PREFIX_MESSAGES = 2
-
-
-def prefix_key(kind: str, request: Mapping[str, Any]) -> int | None:
-    """A stable 64-bit hash of the prompt's leading part; None when there is none to reuse.
-
-    Stable across workers and restarts (blake2b, not Python's salted `hash`): two workers
-    must send the same conversation to the same replica.
-    """
-    if kind == "chat":
-        messages = request.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return None
-        # Each message's own beginning: a long shared system prompt must not crowd the first
-        # question out of the key, or every conversation under that prompt (and its load)
-        # would land on one replica; each conversation still keeps to its own.
-        text = json.dumps([_head(m) for m in messages[:PREFIX_MESSAGES]], sort_keys=True, ensure_ascii=False)
-    elif kind in _LEADS:
-        system, turns = _LEADS[kind]
-        lead = _lead(request.get(system), request.get(turns))
-        if lead is None:
-            return None
-        text = lead
-    elif kind == "completion":
-        prompt = request.get("prompt")
-        if isinstance(prompt, list) and prompt:
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
-            return None
-        text = prompt[:PREFIX_CHARS]
-    else:
-        return None
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest(), "big")
-
-
-# The Responses and Messages APIs' fields for the system prompt and the conversation.
-_LEADS = {"responses": ("instructions", "input"), "messages": ("system", "messages")}
-
-
-def _lead(system: Any, turns: Any) -> str | None:
-    """The key's text for the Responses and Messages APIs: their system prompt (a string,
-    or Anthropic's list of blocks) beside the first turns, each cut as chat's are."""
-    if isinstance(system, str):
-        system = system[:PREFIX_CHARS]
-    elif isinstance(system, list):
-        system = [_head(block) for block in system[:PREFIX_MESSAGES]]
-    if isinstance(turns, str):
-        turns = turns[:PREFIX_CHARS]
-    elif isinstance(turns, list):
-        turns = [_head(turn) for turn in turns[:PREFIX_MESSAGES]]
-    else:
-        turns = None
-    if not system and not turns:
-        return None
-    return json.dumps([system, turns], sort_keys=True, ensure_ascii=False)
-
-
-def _head(message: Any) -> Any:
-    if isinstance(message, dict) and isinstance(message.get("text"), str):  # a content block
-        return {**message, "text": message["text"][:PREFIX_CHARS]}
-    if isinstance(message, dict) and isinstance(message.get("content"), str):
-        return {**message, "content": message["content"][:PREFIX_CHARS]}
-    return message
-
-
 def _mix(x: int) -> int:
     """splitmix64's finaliser: a cheap, well-spread 64-bit hash of an integer."""
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
@@ -179,14 +84,12 @@ class Replica:
         key = (parsed.hostname, port or (443 if scheme == "https" else 80))
         origin, prefix = f"{scheme}://{parsed.netloc}", parsed.path.rstrip("/")
         self.health_url = Target(scheme, key, origin, prefix + "/health")
-        self.urls = {
-            kind: Target(scheme, key, origin, prefix + path) for kind, path in UPSTREAM_PATHS.items()
-        }
+        self.urls = {kind: Target(scheme, key, origin, prefix + api.upstream) for kind, api in APIS.items()}
         self.inflight = 0
         # Unknown is not down: a replica is in rotation until checks say otherwise.
         self.healthy = True
         self.failures = 0
-        # Outlier ejection (gateway.outlier): real requests failed in a row, the monotonic
+        # Outlier ejection (state/outlier.py): real requests failed in a row, the monotonic
         # time an ejection ends (0: not ejected), and how many times it has been ejected.
         self.streak = 0
         self.ejected_until = 0.0
@@ -500,8 +403,7 @@ class RouteTable:
         listing["aliases"] = list(planned.aliases)
         listing["task"] = planned.task
         # What a client may send it to, as paths: a client need not know what a task implies.
-        answers = ENDPOINTS_FOR_TASK[planned.task]
-        listing["endpoints"] = [path for kind, path in GATEWAY_PATHS.items() if kind in answers]
+        listing["endpoints"] = [api.path for api in answered_by(planned.task)]
         if any(p.on_demand for p in planned.profiles):  # absent: always on, as listings were
             listing["start"] = "on-demand"
         return Model(

@@ -31,7 +31,7 @@ class Settings:
     health_failures: int = 3
     reload_interval: float = 0.5
     max_body_bytes: int = 8 * 1024 * 1024
-    # How the server itself is run (see gateway/worker.py).
+    # How the server itself is run (see gateway/server/worker.py).
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
     header_timeout: float = 10.0
@@ -45,7 +45,7 @@ class Settings:
     # Where DNS names that list replicas are looked up: None for the system's resolvers.
     dns_servers: tuple[tuple[str, int], ...] | None = None
     dns_interval: float = 5.0  # the longest an answer is kept, whatever its TTL says
-    # Outlier ejection and the retry budget (see gateway/outlier.py).
+    # Outlier ejection and the retry budget (see gateway/state/outlier.py).
     eject_after: int = 5
     eject_time: float = 30.0
     eject_max_time: float = 600.0
@@ -54,7 +54,7 @@ class Settings:
     # An answer is cut off past this many bytes: no engine's honest answer comes near it,
     # and relaying an endless one would tie up a worker and the client's memory.
     max_response_bytes: int = 64 * 1024 * 1024
-    # On-demand engines (gateway/demand.py): how long a request waits for one to load, and
+    # On-demand engines (gateway/request/lease.py): how long a request waits for one to load, and
     # how many may wait per model in one worker.
     load_timeout: float = 120.0
     max_held: int = 64
