@@ -1,7 +1,7 @@
 """What the gateway costs: the same requests, straight to a fake engine, through nginx, and
 through llmgw.
 
-    .venv/bin/python bench/gateway.py [--seconds 5] [--connections 64] [--workers 2]
+    .venv/bin/python bench/gateway.py [--seconds 5] [--connections 64] [--workers 2] [--traced]
 
 Measures, in one run and against the same fast fake engine (tests/gateway/fake_engine.py):
 latency at one connection (sequential requests) and throughput at many connections, direct,
@@ -19,6 +19,10 @@ The load generator is a raw asyncio HTTP/1.1 client with keep-alive, so it spend
 CPU as it can: on a 2-core machine it, the engine and the proxy share the cores, so the
 figures understate what either proxy does on a machine of its own. nginx is skipped, and
 said so, when it is not installed (`apt-get install nginx-light`).
+
+--traced adds a second gateway, `traced`, exporting a span per request by OTLP/HTTP to a
+receiver on loopback (tests/gateway/otlp_receiver.py, decoding each batch as a collector
+would), in the same turns: what tracing costs, beside the same gateway without it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httptools
 
@@ -58,6 +63,7 @@ class _Client(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.done: asyncio.Future[int] | None = None
         self.transport: asyncio.Transport | None = None
+        self.address: tuple[str, int] = ("", 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -75,6 +81,11 @@ class _Client(asyncio.Protocol):
 
     async def request(self) -> int:
         assert self.transport is not None
+        if self.transport.is_closing():
+            # Idle past gunicorn's 2 s keep-alive while the other targets took their turn (a
+            # loaded machine): connected again, in the first request's time of a block.
+            await asyncio.get_running_loop().create_connection(lambda: self, *self.address)
+            self.parser = httptools.HttpResponseParser(self)
         self.done = asyncio.get_running_loop().create_future()
         self.transport.write(self.head)
         return await self.done
@@ -84,6 +95,7 @@ async def _connect(url: str, path: str) -> _Client:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     loop = asyncio.get_running_loop()
     _, client = await loop.create_connection(lambda: _Client(host, path), host, int(port))
+    client.address = (host, int(port))
     return client
 
 
@@ -251,6 +263,7 @@ def main() -> None:
     parser.add_argument(
         "--access-log", action="store_true", help="keep the JSON access log on (written to a file)"
     )
+    parser.add_argument("--traced", action="store_true", help="and a gateway exporting traces")
     args = parser.parse_args()
     try:
         import uvloop
@@ -270,12 +283,18 @@ def main() -> None:
             nginx(engine.url, args.workers) as nginx_url,
             floor(engine.url, args.workers) as (floor_url, floor_proc),
             harness.gateway(plan_path, workers=args.workers, **env) as gw,
+            traced_gateway(plan_path, args.workers, env, args.traced) as traced,
         ):
             urls = {"direct": engine.url}
-            if nginx_url is not None:
+            # With --traced, nginx sits out: a fifth target in the turns left each kept-alive
+            # connection idle past gunicorn's 2 s keep-alive on a loaded machine.
+            if nginx_url is not None and not args.traced:
                 urls["nginx"] = nginx_url
             urls |= {"floor": floor_url, "gateway": gw.url}
             pids = {"floor": harness.children(floor_proc.pid), "gateway": gw.worker_pids()}
+            if traced is not None:
+                urls["traced"] = traced[0].url
+                pids["traced"] = traced[0].worker_pids()
             path = "/v1/chat/completions"
             samples = run(latency_blocks(urls, path, args.blocks, args.block_requests))
             # Throughput rounds take turns too, and the median of each figure is kept. CPU
@@ -289,7 +308,25 @@ def main() -> None:
                     rps[name].append(rate)
                     if name in pids:
                         cpu[name].append((cpu_seconds(pids[name]) - before) / (done * (1 + 1 / args.seconds)))
+            if traced is not None:
+                time.sleep(1)  # the last batch
+                print(f"spans received by the loopback collector: {len(traced[1].spans)}")
     report(args, samples, rps, cpu)
+
+
+@contextlib.contextmanager
+def traced_gateway(
+    plan_path: Path, workers: int, env: dict[str, str], wanted: bool
+) -> Iterator[tuple[harness.Gateway, Any] | None]:
+    if not wanted:
+        yield None
+        return
+    from otlp_receiver import otlp_receiver
+
+    with otlp_receiver() as receiver, harness.gateway(
+        plan_path, workers=workers, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, **env
+    ) as gw:
+        yield gw, receiver
 
 
 def report(
@@ -345,6 +382,13 @@ def report(
         f"{args.rounds} rounds; machine: {os.cpu_count()} cores"
     )
     print(f"rounds (gateway rps): {[round(r) for r in rps['gateway']]}")
+    if "traced" in cpu:
+        print(
+            f"tracing: added latency p50 {ms(added['traced'] - added['gateway'])}, CPU per request "
+            f"{(statistics.median(cpu['traced']) - statistics.median(cpu['gateway'])) * 1e6:+.0f} us, "
+            f"throughput {statistics.median(rps['traced']) / statistics.median(rps['gateway']):.2f} "
+            "of untraced"
+        )
 
 
 if __name__ == "__main__":

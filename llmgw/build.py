@@ -218,6 +218,7 @@ def _model(
         file=entry.doc.file,
         profiles=tuple(_profile(entry, p, result, target, names) for p in spec.routing_order()),
         warnings=warnings,
+        fallbacks=tuple(spec.fallbacks),
     )
 
 

@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.decorators import FC
@@ -27,11 +28,14 @@ from llmgw.keys import (
     key_name_is_valid,
     patterns_matching_nothing,
 )
-from llmgw.lint import LintResult, lint
-from llmgw.plan import dump_plan, read_plan, read_previous
+from llmgw.lint import LintResult, lint, read_fleet
+from llmgw.plan import Plan, dump_plan, read_plan, read_previous
 from llmgw.report import REPORTERS
 from llmgw.report.diff_formats import DIFF_REPORTERS
 from llmgw.report.inspect_formats import INSPECT_REPORTERS
+
+if TYPE_CHECKING:
+    from llmgw.gateway.state.keys import Tenant
 
 # Exit codes shared by every command.
 EXIT_OK, EXIT_FINDINGS, EXIT_CANNOT_RUN = 0, 1, 2
@@ -466,9 +470,55 @@ def serve_command(plan_path: Path, bind: str, workers: int) -> None:
     serve(plan_path, bind, workers)
 
 
-@main.group("keys")
-def keys_group() -> None:
-    """Named API keys in keys.yaml: who may call the gateway, which models, how often."""
+@main.group("keys", invoke_without_command=True)
+@click.pass_context
+def keys_group(ctx: click.Context) -> None:
+    """Named API keys in keys.yaml: who may call the gateway, which models, how often.
+    Without a command, `llmgw keys list`."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(keys_list_command)
+
+
+@keys_group.command("list")
+@click.option(
+    "--file",
+    "keys_path",
+    type=click.Path(path_type=Path),
+    default=Path("keys.yaml"),
+    show_default=True,
+    help="The keys file the gateway serves.",
+)
+def keys_list_command(keys_path: Path = Path("keys.yaml")) -> None:
+    """Each key's limits, and with a budget, its spend this period and what is left: read from
+    the gateway's state directory (LLMGW_STATE_DIR, else $XDG_STATE_HOME/llmgw), or from Redis
+    when LLMGW_REDIS_URL is set."""
+    from llmgw.gateway.state.keys import read_keys_file
+
+    for line in _key_lines(list({t.name: t for t in read_keys_file(keys_path).values()}.values())):
+        click.echo(line)
+
+
+def _key_lines(tenants: list[Tenant]) -> list[str]:
+    import time
+
+    from llmgw.gateway.request.limits import read_spend, state_directory
+    from llmgw.gateway.request.limits_redis import read_spend as read_shared_spend
+    from llmgw.gateway.state.keys import rfc3339
+
+    state, url, now = state_directory(), os.environ.get("LLMGW_REDIS_URL"), time.time()
+    lines = []
+    for tenant in tenants:
+        limits = [f"{n} {v}" for n, v in (("rpm", tenant.rpm), ("tpm", tenant.tpm)) if v is not None]
+        line = f"{tenant.name}: " + (", ".join(limits) or "no limits")
+        budget = tenant.budget
+        if budget is not None:
+            spend = read_spend(state, tenant.name, budget, now)
+            used = read_shared_spend(url, tenant.name, spend) if url else spend.used
+            figure = "unknown (Redis does not answer)" if used is None else str(used)
+            left = "" if used is None else f", {max(0, budget.tokens - used)} left"
+            line += f"; budget {budget.describe()}: {figure} spent{left}, resets {rfc3339(spend.reset)}"
+        lines.append(line)
+    return lines
 
 
 @keys_group.command("add")
@@ -549,6 +599,52 @@ def deploy_command(plan_path: Path, gateway_url: str) -> None:
         click.echo(warning, err=True)
     digest = deploy(plan_path, gateway_url)
     click.echo(f"{gateway_url} now serves {digest}.")
+
+
+@main.command("status")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Ask again until the fleet runs the plan, for at most this long.")
+@click.option("--fleet", "fleet_path", type=click.Path(path_type=Path), default=None,
+              help="The fleet file giving each agent's port [the one the plan was made from].")
+def status_command(plan_path: Path, as_json: bool, wait_s: float | None, fleet_path: Path | None) -> None:
+    """Ask each node's agent whether it runs PLAN: per model Synced or OutOfSync, and Healthy,
+    Progressing, Degraded, Missing or Suspended. Exit 0 when every model is Synced and Healthy
+    or Suspended, 1 otherwise."""
+    from llmgw.report.fleet_status import REPORTERS as FLEET_REPORTERS
+    from llmgw.status import FleetStatus, agent_urls, fleet_status, wait_for_fleet
+
+    plan = read_plan(plan_path)
+    if plan.target is not None:
+        raise UsageError(
+            f"{plan_path} is planned for {plan.target.kind}, which runs the replicas itself; ask "
+            "its own tools (Argo CD, Flux, kubectl rollout status) whether it runs them."
+        )
+    urls = agent_urls(plan, _agent_ports(plan, fleet_path))
+    report = FLEET_REPORTERS["json" if as_json else "text"]
+    if wait_s is None:
+        status = fleet_status(plan, urls)
+    else:
+        # People watching see each change as it comes; a machine reads the last answer only.
+        def heard(status: FleetStatus) -> None:
+            report(status, sys.stdout)
+            click.echo("")
+
+        status = wait_for_fleet(plan, urls, wait_s, heard=None if as_json else heard)
+    if as_json or wait_s is None:
+        report(status, sys.stdout)
+    sys.exit(0 if status.ok else 1)
+
+
+def _agent_ports(plan: Plan, fleet_path: Path | None) -> dict[str, int]:
+    """Each node's agent_port from the fleet file: the one given, else the plan's own input
+    when it is still where the plan was made (a deploy's checkout, `up`'s state folder)."""
+    path = fleet_path if fleet_path is not None else Path(plan.inputs.fleet.path)
+    if fleet_path is None and not path.is_file():
+        return {}
+    fleet, _ = read_fleet(path)
+    return {node.name: node.agent_port for node in fleet.nodes}
 
 
 # Running the plan: the node agent, and `up` for a whole fleet on this one machine.

@@ -28,6 +28,7 @@ ReplicaAction = Literal["add", "remove", "move", "change"]
 MODEL_FIELDS = (
     "description",
     "aliases",
+    "fallbacks",
     "task",
     "source",
     "format",

@@ -119,6 +119,7 @@ class ModelSpec(_Frozen):
     max_output: int | None = None
     replicas: int = 1
     profiles: tuple[Profile, ...]
+    fallbacks: tuple[str, ...] = ()  # models that answer, in order, when this one cannot
 
     def routing_for(self, profile: Profile) -> Routing:
         """Prefix routing pays where prompts repeat (a conversation's earlier turns, a shared

@@ -331,6 +331,7 @@ class PlanModel(_Part):
     file: str
     profiles: tuple[PlanProfile, ...]
     warnings: tuple[PlanWarning, ...]
+    fallbacks: tuple[str, ...] = ()  # (): none, and the JSON has no key, as before fallbacks
 
 
 class Plan(_Part):

@@ -14,7 +14,9 @@ The node agent runs `engine_command`, and every renderer for another orchestrato
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 import pkgutil
 from collections.abc import Mapping
@@ -99,6 +101,16 @@ def engine_command(
         model, profile, replica, weights=weights, host=host, port=port, exe=executable or found.program
     )
     return EngineCommand((*command.argv, *profile.args), command.env)
+
+
+def replica_fingerprint(model: PlanModel, profile: PlanProfile, replica: PlanReplica, host: str) -> str:
+    """What decides whether a running engine still matches the plan: its command line as the
+    plan gives it (the source, not the downloaded path) and the expected weights. The agent
+    keeps an engine whose fingerprint is unchanged, and reports it, so `llmgw status` can say
+    whether the engine running is the one the plan asks for."""
+    command = engine_command(model, profile, replica, weights=model.source, host=host)
+    text = json.dumps([command.argv, command.env, model.weights_bytes])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def without_gpus(name: str) -> str:

@@ -29,6 +29,12 @@ class Settings:
     chunk_timeout: float = 60.0
     health_interval: float = 2.0
     health_failures: int = 3
+    # One probe's whole exchange: an engine's /health answers in milliseconds even while it
+    # generates, so a second without an answer is a silent replica (docs/faults.md).
+    health_timeout: float = 1.0
+    # Each call to a node's agent, beyond the wait it is asked for: a vanished agent costs
+    # a request this much, once, before another node is asked (request/lease.py).
+    agent_timeout: float = 2.0
     reload_interval: float = 0.5
     max_body_bytes: int = 8 * 1024 * 1024
     # How the server itself is run (see gateway/server/worker.py).
@@ -81,6 +87,8 @@ _FLOATS = {
     "LLMGW_FIRST_BYTE_TIMEOUT": "first_byte_timeout",
     "LLMGW_CHUNK_TIMEOUT": "chunk_timeout",
     "LLMGW_HEALTH_INTERVAL": "health_interval",
+    "LLMGW_HEALTH_TIMEOUT": "health_timeout",
+    "LLMGW_AGENT_TIMEOUT": "agent_timeout",
     "LLMGW_RELOAD_INTERVAL": "reload_interval",
     "LLMGW_HEADER_TIMEOUT": "header_timeout",
     "LLMGW_BODY_TIMEOUT": "body_timeout",

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 import signal
 import time
@@ -17,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from llmgw.engines import engine, engine_command, executable_for
+from llmgw.engines import engine, engine_command, executable_for, replica_fingerprint
 from llmgw.errors import LlmgwError
 from llmgw.node.host import available_gb, port_is_free
 from llmgw.node.process import (
@@ -105,13 +103,7 @@ class Want:
 
     @property
     def fingerprint(self) -> str:
-        """What decides whether a running engine still matches the plan: its command line as
-        the plan gives it (the source, not the downloaded path) and the expected weights."""
-        command = engine_command(
-            self.model, self.profile, self.replica, weights=self.model.source, host=self.host
-        )
-        text = json.dumps([command.argv, command.env, self.model.weights_bytes])
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return replica_fingerprint(self.model, self.profile, self.replica, self.host)
 
 
 class Runner:
@@ -384,6 +376,7 @@ class Runner:
             "evictions": self.evictions,
             "idle_stops": self.idle_stops,
             "load_s": self.load_s,
+            "fingerprint": want.fingerprint,  # the engine's command as planned (llmgw status)
         }
 
 

@@ -8,7 +8,7 @@ rules/context.py; the model files themselves in llmgw/catalogue.py.
 from __future__ import annotations
 
 from llmgw.findings import Finding
-from llmgw.rules import args, embedding, external, fleet, limits, memory, names, on_demand, sources
+from llmgw.rules import args, embedding, external, fallbacks, fleet, limits, memory, names, on_demand, sources
 from llmgw.rules.context import Context, Rule
 
 
@@ -23,6 +23,7 @@ def all_rules() -> list[Rule]:
         memory.check,
         external.check,
         on_demand.check,
+        fallbacks.check,
     ]
 
 

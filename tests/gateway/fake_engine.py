@@ -86,6 +86,7 @@ class Engine:
         self.max_tokens_seen: list[Any] = []
         self.streamed_bytes = 0
         self.last: dict[str, Any] | None = None  # the last API request, as it arrived
+        self.traceparents: list[str] = []  # W3C trace context the requests carried
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -98,6 +99,7 @@ class Engine:
             "streamed_bytes": self.streamed_bytes,
             "models_seen": self.models_seen[-50:],
             "max_tokens_seen": self.max_tokens_seen[-50:],
+            "traceparents": self.traceparents[-50:],
         }
 
 
@@ -150,6 +152,10 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.url = b""
         self.body = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"traceparent":
+            self.engine.traceparents.append(value.decode())
 
     def on_url(self, url: bytes) -> None:
         self.url += url

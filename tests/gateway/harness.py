@@ -221,7 +221,8 @@ class Load:
     """Clients asking one question after another until stopped; every failure is kept.
 
     `body(n)` makes the n-th request's body (so a test can alternate streamed and not);
-    `done` counts the requests sent, `failures` what was not a 200.
+    `done` counts the requests sent, `failures` what was not a 200, `longest` the longest
+    any request waited for its whole answer.
     """
 
     def __init__(
@@ -234,18 +235,21 @@ class Load:
         self.url, self.body, self.headers = url, body, headers or {}
         self.failures: list[str] = []
         self.done = 0
+        self.longest = 0.0
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
 
     def _client(self) -> None:
         with httpx.Client(timeout=30, headers=self.headers) as client:
             while not self._stop.is_set():
+                start = time.monotonic()
                 try:
                     answer = client.post(self.url + "/v1/chat/completions", json=self.body(self.done))
                     if answer.status_code != 200:
                         self.failures.append(f"{answer.status_code} {answer.text[:200]}")
                 except httpx.HTTPError as exc:
                     self.failures.append(repr(exc))
+                self.longest = max(self.longest, time.monotonic() - start)
                 self.done += 1
 
     def __enter__(self) -> Load:
@@ -279,6 +283,9 @@ def gateway(
 ) -> Iterator[Gateway]:
     port = free_port(host)
     bind = f"{host}:{port}"
+    if "LLMGW_STATE_DIR" not in env and "XDG_STATE_HOME" not in env:
+        # Each gateway its own state (budget spend, usage totals), never the user's own.
+        env["LLMGW_STATE_DIR"] = str((log_dir or plan_path.parent) / f"state-{port}")
     full_env = serve_environment(
         plan_path,
         subprocess_env(

@@ -37,25 +37,36 @@ class StandInAgent:
         self.waiters_gone = 0
         self.lock = threading.Lock()
         self.engines: dict[str, subprocess.Popen[str]] = {}
+        self.ready: dict[str, threading.Event] = {}
         self.server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def _start(self, endpoint: str) -> None:
+    def _starting(self, endpoint: str) -> threading.Event:
+        """Set once the engine at `endpoint` is ready; its start begun by the first to ask."""
         with self.lock:
-            if endpoint in self.engines:
-                return
-            port = endpoint.rsplit(":", 1)[1]
+            ready = self.ready.get(endpoint)
+            if ready is None:
+                ready = self.ready[endpoint] = threading.Event()
+                threading.Thread(target=self._start, args=(endpoint, ready), daemon=True).start()
+        return ready
+
+    def _start(self, endpoint: str, ready: threading.Event) -> None:
+        # Not under the lock: requests keep being answered (503, loading) meanwhile.
+        port = endpoint.rsplit(":", 1)[1]
+        with self.lock:
             self.starts += 1
-            time.sleep(self.load_s)  # the engine loading its weights
-            proc = subprocess.Popen(
-                [sys.executable, str(FAKE_ENGINE), "--port", port, "--name", "on-demand"],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert proc.stdout is not None
-            proc.stdout.readline()  # LISTENING
+        time.sleep(self.load_s)  # the engine loading its weights
+        proc = subprocess.Popen(
+            [sys.executable, str(FAKE_ENGINE), "--port", port, "--name", "on-demand"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        proc.stdout.readline()  # LISTENING
+        with self.lock:
             self.engines[endpoint] = proc
+        ready.set()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         agent = self
@@ -99,7 +110,11 @@ class StandInAgent:
                             self.connection.setblocking(True)
                     self._answer(503, {"state": "loading", "message": "still loading its weights"})
                     return
-                agent._start(body["endpoint"])
+                # As the real agent does: the start goes on in the background, and the answer
+                # comes when the engine is ready or `wait_s` is up, whichever is first.
+                if not agent._starting(body["endpoint"]).wait(float(body["wait_s"])):
+                    self._answer(503, {"state": "loading", "message": "still loading its weights"})
+                    return
                 lease = uuid.uuid4().hex
                 with agent.lock:
                     agent.leases.add(lease)

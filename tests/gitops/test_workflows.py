@@ -308,7 +308,12 @@ NODE_AGENT_TARGET = {
 
 
 def deploy(
-    repo: Path, tmp_path: Path, gateway: FakeGateway, url: str | None = None, first_deploy: str = ""
+    repo: Path,
+    tmp_path: Path,
+    gateway: FakeGateway,
+    url: str | None = None,
+    first_deploy: str = "",
+    status_wait: str = "off",  # no node agent runs the bundled fleet here
 ) -> JobRun:
     # `llmgw deploy` is the gateway's own command; until it exists, everything up to it runs.
     has_deploy = run_llmgw("deploy", "--help").code == 0
@@ -322,6 +327,7 @@ def deploy(
             "vars.LLMGW_GATEWAY_URL": gateway.url if url is None else url,
             "secrets.LLMGW_ADMIN_TOKEN": gateway.token,
             "vars.LLMGW_FIRST_DEPLOY": first_deploy,
+            "vars.LLMGW_STATUS_WAIT": status_wait,
             **NODE_AGENT_TARGET,
         },
         stop_before=None if has_deploy else "Deploy",
@@ -383,6 +389,15 @@ def test_deploy_keeps_replicas_where_the_served_plan_has_them(repo: Path, tmp_pa
     assert [p["digest"] for p in posts] == [deployed_plan(tmp_path)["digest"]]
 
 
+def test_deploy_fails_until_the_node_agents_run_the_plan(repo: Path, tmp_path: Path) -> None:
+    # No agent listens on the bundled fleet's addresses, so the fleet never runs the plan.
+    with serve(FakeGateway()) as gateway:
+        job = deploy(repo, tmp_path, gateway, first_deploy="true", status_wait="1")
+    assert gateway.posts, "the gateway got the plan first"
+    assert not job.succeeded and job.steps[-1].name == "Wait for the fleet to run the plan", job
+    assert "OutOfSync" in job.steps[-1].stdout and "Missing" in job.steps[-1].stdout, job
+
+
 def test_deploy_fails_when_the_gateway_refuses_the_plan(repo: Path, tmp_path: Path) -> None:
     with serve(FakeGateway(refuse_with="model x needs 900 GB")) as gateway:
         job = deploy(repo, tmp_path, gateway, first_deploy="true")
@@ -410,6 +425,7 @@ def test_deploy_stops_when_the_served_plan_cannot_be_fetched(repo: Path, tmp_pat
                 "vars.LLMGW_GATEWAY_URL": gateway.url,
                 "secrets.LLMGW_ADMIN_TOKEN": "wrong",
                 "vars.LLMGW_FIRST_DEPLOY": "",
+                "vars.LLMGW_STATUS_WAIT": "off",
                 **NODE_AGENT_TARGET,
             },
         )
@@ -421,7 +437,7 @@ def test_deploy_stops_when_the_served_plan_cannot_be_fetched(repo: Path, tmp_pat
 # `origin` is a bare repository in tmp_path standing in for the Gitea repository; every
 # deploy starts from a fresh checkout of it, as a runner does, and pushes back to it.
 
-KUBERNETES_TARGET = {**NODE_AGENT_TARGET, "vars.LLMGW_TARGET": "kubernetes"}
+KUBERNETES_TARGET = {**NODE_AGENT_TARGET, "vars.LLMGW_TARGET": "kubernetes", "vars.LLMGW_STATUS_WAIT": ""}
 MANIFESTS = "deploy/kubernetes"
 
 

@@ -88,6 +88,9 @@ class DashboardSnapshot:
     usage: Figures | None = None
     # On-demand replicas loaded now, by endpoint (state/loaded.py).
     loaded: frozenset[str] = frozenset()
+    # Model → (sync, health) as `llmgw status` says them (state/fleet.py); absent until the
+    # agents were first asked, and for a model no agent runs.
+    fleet: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ class ModelView:
     description: str | None
     file: str
     profiles: tuple[ProfileView, ...]
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -243,6 +247,7 @@ def _model_view(model: PlanModel) -> ModelView:
         description=(model.description or "").strip() or None,
         file=model.file,
         profiles=profiles,
+        fallbacks=model.fallbacks,
     )
 
 
@@ -328,7 +333,9 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
     """The JSON the page polls: health per model and profile, plus the reload state."""
     models: dict[str, Any] = {}
     for m in view.models:
+        words = snapshot.fleet.get(m.name)
         models[m.name] = {
+            **({"sync": words[0], "fleet_health": words[1]} if words else {}),
             "healthy": healthy_count(m.endpoints, snapshot.healthy),
             "placed": len(m.endpoints),
             "profiles": {

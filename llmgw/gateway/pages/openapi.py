@@ -118,6 +118,11 @@ _MODEL = {
         "context_length": {"type": "integer"},
         "max_output": {"type": "integer"},
         "aliases": {"type": "array", "items": {"type": "string"}},
+        "fallbacks": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Models that answer, in order, when this one cannot; absent: none.",
+        },
         "task": {"enum": ["chat", "completion", "embedding", "rerank"]},
         "endpoints": {
             "type": "array",

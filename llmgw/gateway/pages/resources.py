@@ -20,7 +20,7 @@ from llmgw.gateway.request.body import read_body
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.state import metrics
-from llmgw.gateway.state.keys import Keys, Tenant
+from llmgw.gateway.state.keys import Keys, Tenant, rfc3339
 from llmgw.gateway.state.loaded import Loaded
 from llmgw.gateway.state.reload import PlanState, PlanWriteError
 from llmgw.gateway.state.routes import DnsGroup
@@ -293,15 +293,24 @@ def key_document(
     if limiter is not None and (tenant.rpm is not None or tenant.tpm is not None):
         requests, tokens = limiter.used(tenant)
         doc["last_minute"] = {"requests": requests, "tokens": tokens}
+    spend = limiter.spent(tenant) if limiter is not None else None
+    if spend is not None:
+        doc["budget"] = {
+            "tokens": spend.budget.tokens,
+            "every": spend.budget.every,
+            "used": spend.used,
+            "remaining": max(0, spend.budget.tokens - spend.used),
+            "resets": rfc3339(spend.reset),
+        }
     return doc
 
 
 def _totals(tenant: Tenant, usage: dict[str, dict[str, float]], limiter: Limiter | None) -> dict[str, int]:
-    """Summed over every instance on Redis; else, and while Redis is away, this instance's
-    own metrics (summed over its workers)."""
-    shared = limiter.totals(tenant.name) if isinstance(limiter, SharedLimiter) else None
-    if shared is not None:
-        return shared
+    """Summed over every instance on Redis, or as this instance's state file keeps them (over
+    restarts); while Redis is away, this instance's own metrics (summed over its workers)."""
+    kept = limiter.totals(tenant.name) if limiter is not None else None
+    if kept is not None:
+        return kept
     return {k: int(v) for k, v in sorted(usage.get(tenant.name, {}).items())}
 
 

@@ -21,7 +21,7 @@ import falcon.asgi
 
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.context import context_of
-from llmgw.gateway.state import metrics
+from llmgw.gateway.state import metrics, tracing
 from llmgw.gateway.state.keys import Keys, Tenant
 from llmgw.gateway.state.reload import PlanState
 from llmgw.gateway.state.routes import Model, RouteTable
@@ -147,6 +147,7 @@ class Access:
     def finish(self, req: falcon.asgi.Request, status: int) -> None:
         ctx = context_of(req)
         duration = time.perf_counter() - ctx.start
+        tracing.end(status)
         if ctx.api:
             model = ctx.model or "unknown"
             tenant = ctx.tenant

@@ -6,6 +6,11 @@ ones, and answers once the engine is ready. The lease counts the request in flig
 agent's side, which is how the agent knows never to stop an engine that is answering; it is
 given back when the answer ends, however it ends, through the request's `InFlight` hold.
 
+An agent that stops answering (its machine gone dark) costs one request at most
+LLMGW_AGENT_TIMEOUT beyond the wait it asked for; from then on the agent is taken as silent
+and not asked for starts, so requests go to another node that can serve the model, until
+the agent answers its /status poll again.
+
 The wait is bounded twice: by LLMGW_LOAD_TIMEOUT for one request, and by LLMGW_MAX_HELD
 requests held per model in this worker, past which a request is turned away at once rather
 than piling up behind a load that may never finish.
@@ -37,16 +42,28 @@ ASK_EVERY_S = 10.0
 BUSY_RETRY_S = 1.0
 
 
+class AgentSilent(Exception):
+    """The replica's agent does not answer: another node's replica may be asked instead."""
+
+
 class Leases:
     """This worker's leases of on-demand engines from their agents."""
 
-    def __init__(self, load_timeout: float, max_held: int, loaded: Loaded, token: str | None = None) -> None:
+    def __init__(
+        self,
+        load_timeout: float,
+        max_held: int,
+        loaded: Loaded,
+        token: str | None = None,
+        agent_timeout: float = 2.0,
+    ) -> None:
         self.load_timeout = load_timeout
         self.max_held = max_held
         self.loaded = loaded
         self.token = token if token is not None else os.environ.get("LLMGW_AGENT_TOKEN")
         self.held: dict[str, int] = {}
-        self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(ASK_EVERY_S + 5, connect=2.0))
+        self.agent_timeout = agent_timeout
+        self.client = httpx.AsyncClient(trust_env=False, timeout=agent_timeout)
         self.releases: set[asyncio.Task[None]] = set()
 
     def _headers(self) -> dict[str, str]:
@@ -60,6 +77,9 @@ class Leases:
 
     async def _lease(self, model: str, replica: Replica) -> str:
         assert replica.agent is not None
+        silent = self.loaded.silent.get(replica.agent)
+        if silent is not None:
+            raise AgentSilent(silent)
         started = time.monotonic()
         # First without waiting: a running engine answers at once, and a request to it is
         # not held, so warm traffic never counts against LLMGW_MAX_HELD. An idle one starts
@@ -109,12 +129,18 @@ class Leases:
         """One acquire: the lease when ready; else None, what the agent said, and whether it
         said there is no room yet (409) rather than still loading (503). ApiError when asking
         again cannot help."""
+        agent = replica.agent
+        assert agent is not None
         try:
             answer = await self.client.post(
                 f"{replica.agent}/acquire",
                 json={"endpoint": replica.endpoint, "wait_s": wait},
                 headers=self._headers(),
+                # The agent answers within `wait`; past that, and the allowance, it is silent.
+                timeout=httpx.Timeout(wait + self.agent_timeout, connect=self.agent_timeout),
             )
+        except httpx.TransportError as exc:
+            raise AgentSilent(self.loaded.lost(agent, exc)) from None
         except httpx.HTTPError as exc:
             raise ApiError(
                 502,
@@ -124,6 +150,7 @@ class Leases:
                 type="upstream_error",
                 code="agent_unreachable",
             ) from None
+        self.loaded.back(agent)
         body = _json(answer)
         if answer.status_code == 200 and isinstance(body.get("lease"), str):
             return str(body["lease"]), "", False

@@ -23,11 +23,12 @@ HINCRBY'd as each answer ends, so they are summed over every instance.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -37,9 +38,17 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from llmgw.errors import UsageError
-from llmgw.gateway.request.limits import WINDOW, Limiter, Window, _too_many
+from llmgw.gateway.request.limits import (
+    WINDOW,
+    Limiter,
+    Spend,
+    Window,
+    refuse_or_admit,
+    settled,
+    spend_period,
+)
 from llmgw.gateway.state import metrics
-from llmgw.gateway.state.keys import Tenant
+from llmgw.gateway.state.keys import Budget, Tenant
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -51,8 +60,10 @@ TIMEOUT = 0.1
 RETRY_EVERY = 3.0
 PREFIX = "llmgw:"
 
-# KEYS: requests zset, tokens zset, tokens total, reservations hash, reservation sequence.
-# ARGV: rpm, tpm (-1: none), window, member, tokens to reserve (0: none).
+# KEYS: requests zset, tokens zset, tokens total, reservations hash, reservation sequence,
+# the budget period's hash (`tokens` spent and held, `warned`).
+# ARGV: rpm, tpm (-1: none), window, member, tokens to reserve (0: none), budget (-1: none),
+# tokens to hold of it, when the period's hash may go (a day after the period ends).
 # Each token charge is a member "TOKENS:TIME:ID" scored by its time; the running total is
 # kept beside it so an admission sums nothing, and what leaves the window is subtracted. A
 # reservation is such a member too, found again by its number in the reservations hash.
@@ -77,8 +88,17 @@ local first_tokens = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2] or ''
 local over = ''
 if rpm >= 0 and requests >= rpm then over = 'requests'
 elseif tpm >= 0 and tokens >= tpm then over = 'tokens' end
+local budget, spent = tonumber(ARGV[6]), 0
+if budget >= 0 then
+  spent = tonumber(redis.call('HGET', KEYS[6], 'tokens') or '0')
+  if over == '' and spent >= budget then over = 'budget' end
+end
 local reservation = 0
 if over == '' then
+  if budget >= 0 and tonumber(ARGV[7]) > 0 then
+    redis.call('HINCRBY', KEYS[6], 'tokens', ARGV[7])
+    redis.call('EXPIREAT', KEYS[6], ARGV[8])
+  end
   local stamp = string.format('%.6f', now)
   local ttl = math.ceil(window) + 1
   redis.call('ZADD', KEYS[1], now, stamp .. ':' .. ARGV[4])
@@ -94,7 +114,20 @@ if over == '' then
   end
 end
 return {requests, tokens, tostring(first_request), tostring(first_tokens), string.format('%.6f', now), over,
-        reservation}
+        reservation, spent}
+"""
+
+# KEYS: the budget period's hash. ARGV: tokens to add (less than none: a reservation given
+# back), the spend past which to warn (-1: never), when the hash may go. The first worker to
+# see the spend past it sets `warned`, so one warning is logged a period over every instance.
+_SPEND = """
+local used = redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[1])
+redis.call('EXPIREAT', KEYS[1], ARGV[3])
+local warned = 1
+if tonumber(ARGV[2]) >= 0 and used >= tonumber(ARGV[2]) then
+  warned = 1 - redis.call('HSETNX', KEYS[1], 'warned', 1)
+end
+return {used, warned}
 """
 
 # KEYS: tokens zset, tokens total, usage hash, reservations hash. ARGV: tokens to charge
@@ -233,15 +266,22 @@ class SharedLimiter(Limiter):
     """The Limiter's interface, counted on Redis; the parent's SQLite file while Redis is away."""
 
     def __init__(
-        self, url: str, directory: Path, timeout: float = TIMEOUT, retry_every: float = RETRY_EVERY
+        self,
+        url: str,
+        directory: Path,
+        timeout: float = TIMEOUT,
+        retry_every: float = RETRY_EVERY,
+        state: Path | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(directory)
+        super().__init__(directory, state, clock)
         self.url = url
         self.redis = client(url, timeout)
         self.retry_every = retry_every
         self._admit = self.redis.register_script(_ADMIT)
         self._count = self.redis.register_script(_COUNT)
         self._used = self.redis.register_script(_USED)
+        self._spent = self.redis.register_script(_SPEND)
         self.down: str | None = None  # why this worker counts locally, while it does
         self.retry_at = 0.0
         self.heard_at = 0.0  # when Redis last answered this worker
@@ -250,7 +290,7 @@ class SharedLimiter(Limiter):
         self._shared(self._load)
 
     def _load(self) -> None:
-        for script in (self._admit, self._count, self._used):
+        for script in (self._admit, self._count, self._used, self._spent):
             self.redis.script_load(script.script)
 
     def status(self) -> LimitsStatus:
@@ -269,25 +309,38 @@ class SharedLimiter(Limiter):
         """As the parent's, with `reserve` tokens held for the request until `charge` settles
         them; its reservation number is negative, so a settlement tells it from a row of the
         local file (counted there while Redis was away)."""
-        if tenant.rpm is None and tenant.tpm is None:
+        if tenant.rpm is None and tenant.tpm is None and tenant.budget is None:
             return None
         held = max(0, reserve) if tenant.tpm is not None else 0
+        budget = tenant.budget
+        spend = None if budget is None else replace(self._period(tenant.name, budget), held=max(0, reserve))
+        args: list[str | int | float] = [_limit(tenant.rpm), _limit(tenant.tpm), WINDOW]
+        args += [os.urandom(6).hex(), held]
+        args += [budget.tokens, max(0, reserve), _gone_at(spend)] if budget and spend else [-1, 0, 0]
         answer = self._shared(
             lambda: _window(
                 tenant,
-                self._admit(
-                    keys=list(_keys(tenant.name)[:5]),
-                    args=[_limit(tenant.rpm), _limit(tenant.tpm), WINDOW, os.urandom(6).hex(), held],
-                ),
+                self._admit(keys=[*_keys(tenant.name)[:5], _budget_key(tenant.name, spend)], args=args),
+                spend,
             )
         )
         if answer is None:
             return super().admit(tenant, reserve)
         window, over = answer
-        if over:
-            metrics.RATE_LIMITED.labels(tenant.name, over).inc()
-            raise _too_many(tenant, window, over)
-        return window
+        return refuse_or_admit(tenant, window, over or None)
+
+    def _period(self, name: str, budget: Budget) -> Spend:
+        period, reset = spend_period(budget, self.clock())
+        return Spend(budget, 0, period, reset)
+
+    def spent(self, tenant: Tenant) -> Spend | None:
+        if tenant.budget is None:
+            return None
+        spend = self._period(tenant.name, tenant.budget)
+        used = self._shared(lambda: int(self.redis.hget(_budget_key(tenant.name, spend), "tokens") or 0))
+        if used is None:  # Redis away: what this instance held meanwhile
+            return super().spent(tenant)
+        return replace(spend, used=used, shared=True)
 
     def used(self, tenant: Tenant) -> tuple[int, int]:
         keys = _keys(tenant.name)
@@ -296,11 +349,39 @@ class SharedLimiter(Limiter):
             return super().used(tenant)
         return answer
 
-    def charge(self, tenant: Tenant, tokens: int, reservation: int | None = None) -> None:
+    def charge(
+        self, tenant: Tenant, tokens: int, reservation: int | None = None, spend: Spend | None = None
+    ) -> None:
         self._charge(tenant, tokens, (0, 0, 0), reservation)
+        self._settle_spend(tenant, tokens, spend)
 
-    def count(self, tenant: Tenant, prompt: int, completion: int, reservation: int | None = None) -> None:
+    def count(
+        self,
+        tenant: Tenant,
+        prompt: int,
+        completion: int,
+        reservation: int | None = None,
+        spend: Spend | None = None,
+    ) -> None:
         self._charge(tenant, prompt + completion, (1, prompt, completion), reservation)
+        self._settle_spend(tenant, prompt + completion, spend)
+
+    def _settle_spend(self, tenant: Tenant, tokens: int, spend: Spend | None) -> None:
+        """The budget's reservation settled where it was held: on Redis, or in this
+        instance's state file while Redis was away at admission."""
+        if spend is None:
+            return
+        if not spend.shared:
+            self._settle(tenant, tokens, None, spend, (0, 0, 0), minute=False)
+            return
+        budget = spend.budget
+        warn = math.ceil(budget.warn_at * budget.tokens) if budget.warn_at is not None else -1
+        delta = max(0, tokens) - spend.held
+        key = _budget_key(tenant.name, spend)
+        answer = self._shared(lambda: _pair(self._spent(keys=[key], args=[delta, warn, _gone_at(spend)])))
+        # Redis away: its reservation stays counted there, on the safe side.
+        if answer is not None:
+            settled(tenant.name, spend, answer[0], bool(answer[1]))
 
     def _charge(
         self, tenant: Tenant, tokens: int, totals: tuple[int, int, int], reservation: int | None
@@ -317,7 +398,7 @@ class SharedLimiter(Limiter):
             # Redis's reservation stays there until it leaves the window: counted twice, on
             # the safe side, for at most a minute.
             local = reservation if reservation is not None and reservation > 0 else None
-            super().charge(tenant, tokens, local)
+            self._settle(tenant, tokens, local, None, (0, 0, 0))
 
     def totals(self, name: str) -> dict[str, int] | None:
         """A key's usage summed over every instance; None while Redis is away (the caller
@@ -364,9 +445,31 @@ class SharedLimiter(Limiter):
         metrics.LIMITS_SHARED.labels("redis").set(0)
 
 
-def _window(tenant: Tenant, answer: Any) -> tuple[Window, str]:
-    """The admit script's answer as a Window, and the limit it is over ("" for none)."""
-    requests, tokens, first_request, first_tokens, clock, over, reservation = answer
+def _budget_key(name: str, spend: Spend | None) -> str:
+    # Under the key's hash tag, as the admission script's other keys are.
+    return PREFIX + "{" + name + "}:budget:" + (spend.period if spend is not None else "-")
+
+
+def _gone_at(spend: Spend) -> int:
+    """When a period's spend may leave Redis: a day after the period, for `llmgw keys`."""
+    return int(spend.reset.timestamp()) + 86400
+
+
+def read_spend(url: str, name: str, spend: Spend) -> int | None:
+    """A key's spend this period on Redis, for `llmgw keys`; None when Redis does not answer."""
+    conn = client(url, 2.0)
+    try:
+        return int(conn.hget(_budget_key(name, spend), "tokens") or 0)
+    except (redis.RedisError, *WRONG_SHAPE):
+        return None
+    finally:
+        conn.close()
+
+
+def _window(tenant: Tenant, answer: Any, spend: Spend | None) -> tuple[Window, str]:
+    """The admit script's answer as a Window, and the limit it is over ("" for none);
+    `spend`, the key's budget period, with what the script found spent in it."""
+    requests, tokens, first_request, first_tokens, clock, over, reservation, spent = answer
     now = float(clock)
     window = Window(
         tenant.rpm,
@@ -376,8 +479,9 @@ def _window(tenant: Tenant, answer: Any) -> tuple[Window, str]:
         (float(first_request) + WINDOW - now) if first_request else WINDOW,
         (float(first_tokens) + WINDOW - now) if first_tokens else 0.0,
         -int(reservation) if int(reservation) else None,
+        replace(spend, used=int(spent), shared=True) if spend is not None else None,
     )
-    if over and over not in ("requests", "tokens"):
+    if over and over not in ("requests", "tokens", "budget"):
         raise ValueError(f"the admit script said over {over!r}")
     return window, str(over or "")
 

@@ -55,7 +55,7 @@ from llmgw.gateway.request.body import (
 )
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
-from llmgw.gateway.request.lease import Leases
+from llmgw.gateway.request.lease import AgentSilent, Leases
 from llmgw.gateway.request.limits import Limiter, Window
 from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.relay import (
@@ -71,7 +71,7 @@ from llmgw.gateway.request.relay import (
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
 from llmgw.gateway.request.usage import Meter, prompt_estimate
 from llmgw.gateway.settings import VIA_HEADER, Settings
-from llmgw.gateway.state import metrics
+from llmgw.gateway.state import metrics, tracing
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.outlier import Outliers, RetryBudget
 from llmgw.gateway.state.routes import (
@@ -99,10 +99,20 @@ _NOT_TAKEN = (
 _REPLICA_TROUBLE = frozenset({502, 503, 504})
 
 
+# The model could not take the request (no replica, its start failed, its wait ran out) or
+# its replicas failed before the first byte: its fallbacks are asked (see `_open_or_fall_back`).
+_FALL_BACK_ON = frozenset({502, 503, 504})
+FALLBACK_HEADER = "x-llmgw-fallback"
+
+
 class _NotReady(str):
     """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
     so while they load the weights. Not ready yet, not broken: when every replica says it,
     the client is told to come back (503, Retry-After), not that they failed (502)."""
+
+
+class _AgentSilent(_NotReady):
+    """Why an on-demand replica did not take a request: its node's agent does not answer."""
 
 
 class Proxy:
@@ -160,6 +170,9 @@ class Proxy:
             else None
         )
         ctx.reservation = window.reservation if window is not None else None
+        ctx.spend = window.spend if window is not None else None
+        if ctx.spend is not None:  # on every answer, the engine's errors too
+            resp.set_headers(ctx.spend.headers())
         meter = Meter(free=counting)
         # Only some APIs must be asked for a stream's usage (chat and completions); the
         # Responses and Messages APIs always send it.
@@ -170,13 +183,17 @@ class Proxy:
         watch = Disconnect(req.scope)
         try:
             key = functools.partial(prefix_key, self.kind, request)
-            answer = await self._open(model, requested, request, body, ctx, watch, key)
+            answer, served = await self._open_or_fall_back(model, requested, request, body, ctx, watch, key)
         except BaseException:
             watch.stop()
             unreserve(ctx, self.limiter)
             raise
         try:
-            await self._respond(req, resp, answer, watch, meter, window, (model, requested))
+            if served is not model:
+                # The answer names the model that wrote it, and says it was not the one asked.
+                resp.set_header(FALLBACK_HEADER, served.name)
+                requested = ctx.model = served.name
+            await self._respond(req, resp, answer, watch, meter, window, (served, requested))
         except BaseException:
             # Until the Relay owns the answer, the replica's count and the engine's
             # connection are ours to give back.
@@ -210,6 +227,7 @@ class Proxy:
         request = parse_request(body)
         requested = request["model"]
         tenant = ctx.tenant
+        tracing.begin(self.kind, requested, request, req.headers, tenant.name if tenant is not None else None)
         model = ctx.table.lookup(requested, tenant.may_use if tenant is not None else None)
         ctx.model = model.name
         check_model(tenant, model, ctx.table)
@@ -232,6 +250,7 @@ class Proxy:
         ctx = context_of(req)
         model, requested = named
         ctx.replica = answer.replica.endpoint
+        tracing.served_by(ctx.replica, model.name)
         upstream = answer.upstream
         length = upstream.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_response:
@@ -258,6 +277,7 @@ class Proxy:
                 watch.stop()
                 await answer.drop()
                 parsed = meter.read(whole)
+                tracing.answer(parsed)
                 # An engine started with the served name (as llmgw starts every engine:
                 # llmgw/engines/) already says what was asked for by that name.
                 if not (isinstance(parsed, dict) and parsed.get("model") == requested):
@@ -279,6 +299,75 @@ class Proxy:
         ctx.streaming = True  # the access log's line is the relay's to write, at its end
         resp.stream = Relay(self, req, answer, watch, rename, meter)
 
+    async def _open_or_fall_back(
+        self,
+        model: Model,
+        requested: str,
+        request: dict[str, Any],
+        body: bytes,
+        ctx: RequestContext,
+        watch: Disconnect,
+        key: Callable[[], int | None],
+    ) -> tuple[Answer, Model]:
+        """The model's answer and the model that gave it: the model itself, or when it could
+        not take the request or its replica failed before the first byte, the first of its
+        fallbacks that answers and that the key may use. A 4xx is the caller's own error and
+        is never tried elsewhere; when every fallback fails too, the model's own failure is
+        the answer, since it is the model the client asked for."""
+        failure: ApiError | Answer
+        try:
+            answer = await self._open(model, requested, request, body, ctx, watch, key)
+        except ApiError as exc:
+            if exc.status not in _FALL_BACK_ON or not model.listing.get("fallbacks"):
+                raise
+            failure = exc
+        else:
+            if answer.upstream.status_code < 500 or not model.listing.get("fallbacks"):
+                return answer, model
+            failure = answer
+        try:
+            for other in self._fallbacks(model, ctx):
+                asked = {**request, "model": other.name}
+                content = json.dumps(asked).encode()
+                try:
+                    answer = await self._open(other, other.name, asked, content, ctx, watch, key)
+                except ApiError as exc:
+                    if exc.status not in _FALL_BACK_ON:
+                        raise
+                    log.info("request %s: fallback %s failed too (%s)", ctx.request_id, other.name, exc.code)
+                    continue
+                if answer.upstream.status_code >= 500:
+                    answer.release()
+                    continue
+                if isinstance(failure, Answer):
+                    failure.release()
+                metrics.FALLBACKS.labels(model.name, other.name).inc()
+                log.info("request %s: %s could not answer; %s did", ctx.request_id, model.name, other.name)
+                return answer, other
+        except BaseException:
+            if isinstance(failure, Answer):
+                failure.release()
+            raise
+        if isinstance(failure, ApiError):
+            raise failure
+        return failure, model
+
+    def _fallbacks(self, model: Model, ctx: RequestContext) -> list[Model]:
+        """The model's fallbacks this request may go to: served now, of an endpoint this kind
+        answers, and allowed to the key (a key must not reach a model through another's)."""
+        usable = []
+        for name in model.listing.get("fallbacks", ()):
+            try:
+                other = ctx.table.lookup(name)  # by name or alias, as the catalogue may say
+            except ApiError:  # not served by this plan
+                continue
+            if other.task not in self.api.tasks:
+                continue
+            if ctx.tenant is not None and not ctx.tenant.may_use(other.names()):
+                continue
+            usable.append(other)
+        return usable
+
     async def _open(
         self,
         model: Model,
@@ -293,6 +382,7 @@ class Proxy:
             (b"content-type", b"application/json"),
             (b"x-request-id", ctx.request_id.encode()),
             (VIA_HEADER.encode(), self.instance.encode()),
+            *tracing.propagation(),  # the engine's spans join this request's trace
         ]
         rewritten: dict[str, bytes] = {}
         tried = not_ready = 0
@@ -314,6 +404,8 @@ class Proxy:
                         return faulted
                     raise _budget_spent(model, last)
                 tried += 1
+                if tried > 1:
+                    tracing.retried(replica.endpoint, last)
                 served = profile.served_name
                 if served == requested:
                     content = body
@@ -366,6 +458,15 @@ class Proxy:
                 code="no_healthy_replica",
                 headers={"Retry-After": self.retry_after},
             )
+        if isinstance(last, _AgentSilent) and not_ready == tried:
+            raise ApiError(
+                503,
+                f"{model.name} starts on demand, and {last} Retry in {self.retry_after}s; "
+                "start `llmgw node` there (or make it reachable), or place the model on another node.",
+                type="service_unavailable",
+                code="agent_unreachable",
+                headers={"Retry-After": self.retry_after},
+            )
         if not_ready == tried:
             return ApiError(
                 503,
@@ -395,8 +496,14 @@ class Proxy:
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
             self.outliers.failed(model, replica, f"request failed: {type(exc).__name__}")
             return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
+        except AgentSilent as exc:
+            return _AgentSilent(str(exc))
         except (TimeoutError, httpx.TimeoutException):
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
+            if not replica.healthy:
+                # Marked down by its health checks while this request waited: silent, not
+                # slow. Nothing reached the client, so another replica may answer it.
+                return f"{replica.endpoint} went silent (its health checks fail)"
             self.outliers.failed(model, replica, f"no first byte within {self.first_byte_timeout:g}s")
             raise ApiError(
                 504,
@@ -469,22 +576,25 @@ class Proxy:
                     raise ApiError(CLIENT_GONE, "client went away")
                 # Held here until its agent has the engine ready (a client that leaves
                 # meanwhile cancels the wait); the first-byte allowance starts after.
-                lease = await self.leases.lease(model, replica)
+                with tracing.waiting("engine load", replica.endpoint):
+                    lease = await self.leases.lease(model, replica)
                 hold.after = functools.partial(self.leases.release, replica, lease)
-            async with asyncio.timeout(self.first_byte_timeout):
-                upstream = await self.upstream.post(
-                    replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
-                )
-                chunks = upstream.aiter_raw()
-                if upstream.status_code in _REPLICA_TROUBLE:
-                    return Answer(upstream, hold, chunks, b"")  # not read: it is retried
-                if upstream.status_code >= 500:
-                    # Read whole, in case it is passed on: whether it is, only the next
-                    # replica's answer can tell.
-                    error = await read_error(chunks)
-                    await upstream.aclose()
-                    return Answer(upstream, hold, no_chunks(), error)
-                first = await anext(chunks, b"")
+            # Cut short should health checks mark the replica down meanwhile (Health.waiting).
+            async with asyncio.timeout(self.first_byte_timeout) as clock:
+                with self.health.waiting(replica, clock):
+                    upstream = await self.upstream.post(
+                        replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
+                    )
+                    chunks = upstream.aiter_raw()
+                    if upstream.status_code in _REPLICA_TROUBLE:
+                        return Answer(upstream, hold, chunks, b"")  # not read: it is retried
+                    if upstream.status_code >= 500:
+                        # Read whole, in case it is passed on: whether it is, only the next
+                        # replica's answer can tell.
+                        error = await read_error(chunks)
+                        await upstream.aclose()
+                        return Answer(upstream, hold, no_chunks(), error)
+                    first = await anext(chunks, b"")
         except BaseException:
             watch.waiting = False
             hold.release()

@@ -20,7 +20,7 @@ from llmgw.gateway.request.gone import CLIENT_GONE, STALLED, Disconnect
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.rename import EventRename, JsonRename
 from llmgw.gateway.request.usage import Meter
-from llmgw.gateway.state import metrics
+from llmgw.gateway.state import metrics, tracing
 from llmgw.gateway.state.routes import InFlight
 from llmgw.gateway.upstream import Reply
 
@@ -307,6 +307,7 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
         meter.finish()
         if meter.prompt is not None and meter.final:
             prompt, completion = meter.prompt, meter.completion or 0
+            tracing.usage(prompt, meter.completion)
         elif status < 400 or meter.prompt is not None:
             # Cut short (the client left, or the engine broke off) before the usage of the
             # whole answer came: the prompt was read all the same, and each event relayed
@@ -325,17 +326,18 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
             metrics.labelled(metrics.TOKENS, model, key, "completion").inc(completion)
         if tenant is not None and limiter is not None:
             reservation, ctx.reservation = ctx.reservation, None
-            limiter.count(tenant, prompt, completion, reservation)
+            spend, ctx.spend = ctx.spend, None
+            limiter.count(tenant, prompt, completion, reservation, spend)
     except Exception:  # a miscount must not lose the access log line and metrics
         log.exception("counting the tokens of request %s failed", ctx.request_id)
 
 
 def unreserve(ctx: RequestContext, limiter: Limiter | None) -> None:
     """Give back the tokens held for a request that generated nothing."""
-    reservation = ctx.reservation
-    if reservation is None or limiter is None or ctx.tenant is None:
+    reservation, spend = ctx.reservation, ctx.spend
+    if (reservation is None and spend is None) or limiter is None or ctx.tenant is None:
         return
-    ctx.reservation = None
-    limiter.charge(ctx.tenant, 0, reservation)
+    ctx.reservation = ctx.spend = None
+    limiter.charge(ctx.tenant, 0, reservation, spend)
 
 

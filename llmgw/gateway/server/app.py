@@ -33,12 +33,13 @@ from llmgw.gateway.pages.resources import (
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import Request
 from llmgw.gateway.request.lease import Leases
-from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.limits import Limiter, state_directory
 from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
 from llmgw.gateway.settings import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
+from llmgw.gateway.state.fleet import FleetWatch
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.keys import Keys, keys_from_settings
 from llmgw.gateway.state.loaded import Loaded
@@ -113,6 +114,7 @@ class Lifecycle:
         loaded: Loaded,
     ) -> None:
         self.loaded = loaded
+        self.fleet = FleetWatch(loaded.client)
         self.state = state
         self.keys = keys
         self.samples = samples
@@ -130,6 +132,8 @@ class Lifecycle:
             loop.create_task(self.samples.watch()),
             # The agents' word on what is loaded, for /v1/models and the dashboard.
             loop.create_task(self.loaded.watch(self.state, max(1.0, self.settings.health_interval))),
+            # What the agents run against the plan, for the dashboard's two words per model.
+            loop.create_task(self.fleet.watch(self.state, max(2.0, self.settings.health_interval))),
         ]
         if self.keys is not None:
             self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
@@ -143,7 +147,7 @@ class Lifecycle:
 
 _RATE_HEADERS = [
     f"x-ratelimit-{what}-{of}" for what in ("limit", "remaining", "reset") for of in ("requests", "tokens")
-]
+] + ["x-llmgw-budget-remaining-tokens", "x-llmgw-budget-reset", "x-llmgw-fallback"]
 
 
 class _ApiCors(falcon.CORSMiddleware[Any, Any]):
@@ -181,15 +185,15 @@ def create_app(
     health = Health(
         upstream,
         settings.health_failures,
-        timeout=min(settings.health_interval, max(settings.connect_timeout, 1.0)),
+        timeout=settings.health_timeout,
     )
     access = Access(state, keys, settings.access_log)
     shared = _shared_directory()
     limiter = _limiter(settings, shared)
     samples = Samples(shared)
 
-    loaded = Loaded()
-    leases = Leases(settings.load_timeout, settings.max_held, loaded)
+    loaded = Loaded(settings.agent_timeout)
+    leases = Leases(settings.load_timeout, settings.max_held, loaded, agent_timeout=settings.agent_timeout)
     lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, loaded)
     app = _App(request_type=Request, middleware=[*_cors(settings), lifecycle, access])
     app.add_error_handler(Exception, handle_unexpected)
@@ -219,7 +223,7 @@ def create_app(
     key_pages = DashboardKeys(keys, limiter, settings.admin_token)
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
-    _add_dashboard(app, state, keys, samples, loaded, settings.metrics_token, limiter)
+    _add_dashboard(app, state, keys, samples, loaded, settings.metrics_token, limiter, lifecycle.fleet)
     settle_heap()
     return app
 
@@ -232,6 +236,7 @@ def _add_dashboard(
     loaded: Loaded,
     metrics_token: str | None,
     limiter: Limiter | None,
+    fleet: FleetWatch,
 ) -> None:
     def snapshot() -> DashboardSnapshot:
         table = state.table
@@ -244,6 +249,7 @@ def _add_dashboard(
             limits_degraded=limits.reason if limits is not None else None,
             usage=samples.figures(),
             loaded=loaded.loaded_now(table.plan),
+            fleet=fleet.words(table.plan.digest),
             healthy=_healthy(table),
             discovery_errors=tuple(g.error for g in table.groups.values() if g.error),
             replicas=replica_states(table.every_replica().values()),
@@ -263,9 +269,12 @@ def _limiter(settings: Settings, shared: Path) -> Limiter | None:
     them on Redis; without, this instance's workers in their shared directory."""
     if settings.keys_file is None:
         return None
+    # Budget spend and usage totals outlive the gateway: not in the metrics folder `llmgw
+    # serve` makes in the temp dir and deletes at exit, which once forgot every key's usage.
+    state = state_directory()
     if settings.redis_url:
-        return SharedLimiter(settings.redis_url, shared, settings.redis_timeout)
-    return Limiter(shared)
+        return SharedLimiter(settings.redis_url, shared, settings.redis_timeout, state=state)
+    return Limiter(shared, state)
 
 
 def _healthy(table: RouteTable) -> dict[str, bool]:

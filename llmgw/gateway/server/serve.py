@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from llmgw.errors import PlanError, UsageError
+from llmgw.gateway.request.limits import state_directory
 from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
 from llmgw.gateway.settings import settings_from_env
 from llmgw.gateway.state.keys import keys_from_settings
@@ -140,6 +141,24 @@ def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None
         warning = check_redis(settings.redis_url)
         if warning:
             print(f"llmgw: {warning}", file=sys.stderr)
+    if settings.keys_file is not None:
+        check_state_directory(state_directory(env))
+
+
+def check_state_directory(path: Path) -> None:
+    """Budget spend and usage totals are kept here across restarts: a directory the gateway
+    cannot write is found at start, not as every worker failing."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = path / f".llmgw-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot keep the gateway's state (budget spend, usage totals) in {path}: "
+            f"{exc.strerror or exc}. Set LLMGW_STATE_DIR to a directory the gateway may write "
+            "that survives a restart."
+        ) from None
 
 
 def serve(plan: Path, bind: str, workers: int) -> None:

@@ -48,7 +48,43 @@ _FIELD_SENTENCES = {
     "rpm": "`rpm` must be a whole number of 1 or more; leave it out for no limit",
     "tpm": "`tpm` must be a whole number of 1 or more; leave it out for no limit",
     "expires": "`expires` must be a date, e.g. 2027-01-31",
+    "budget": (
+        "`budget` must be `{tokens: N, every: day | week | month}`, with an optional `warn_at` "
+        "between 0 and 1 (e.g. 0.8)"
+    ),
 }
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Tokens a key may use per calendar period, in UTC; `warn_at` the used fraction past
+    which the gateway logs one warning a period."""
+
+    tokens: int
+    every: str  # day, week (from Monday) or month
+    warn_at: float | None = None
+
+    def period(self, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+        """The period `now` (UTC) falls in: its first instant and the next period's."""
+        day = dt.datetime(now.year, now.month, now.day, tzinfo=dt.UTC)
+        if self.every == "day":
+            return day, day + dt.timedelta(days=1)
+        if self.every == "week":
+            start = day - dt.timedelta(days=day.weekday())
+            return start, start + dt.timedelta(days=7)
+        start = day.replace(day=1)
+        if start.month == 12:
+            return start, start.replace(year=start.year + 1, month=1)
+        return start, start.replace(month=start.month + 1)
+
+    def describe(self) -> str:
+        """As a sentence says it: `100000 tokens a month`."""
+        return f"{self.tokens} tokens a {self.every}"
+
+
+def rfc3339(moment: dt.datetime) -> str:
+    """UTC, to the second, with Z: as x-llmgw-budget-reset and the 429's sentence say it."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -60,6 +96,7 @@ class Tenant:
     rpm: int | None = None
     tpm: int | None = None
     expires: dt.date | None = None
+    budget: Budget | None = None
 
     def expired(self, today: dt.date | None = None) -> bool:
         # A key is good through the day it names: "expires: 2026-12-31" still works that day.
@@ -202,7 +239,9 @@ def _entry(path: Path, number: int, entry: dict[str, Any]) -> tuple[Tenant, str]
             ) from None
     models = entry.get("models")
     rpm, tpm = entry.get("rpm"), entry.get("tpm")
-    tenant = Tenant(entry["name"], None if models is None else tuple(models), rpm, tpm, expires)
+    spec = entry.get("budget")
+    budget = Budget(spec["tokens"], spec["every"], spec.get("warn_at")) if spec is not None else None
+    tenant = Tenant(entry["name"], None if models is None else tuple(models), rpm, tpm, expires, budget)
     return tenant, entry["sha256"].lower()
 
 

@@ -4,11 +4,16 @@ Two sources, the fresher first: each node's agent, asked every few seconds which
 ready (it knows what this worker's leases cannot: an eviction, another worker's or gateway's
 start); and this worker's own leases (request/lease.py), which say an engine was answering
 here lately. /v1/models and the dashboard say `loaded` from this.
+
+It also keeps which agents are silent: an agent that does not answer a call within
+LLMGW_AGENT_TIMEOUT is not asked for starts (request/lease.py passes its replicas over for
+another node's) until it answers a /status poll, or a call, again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import httpx
@@ -16,10 +21,15 @@ import httpx
 from llmgw.gateway.state.reload import PlanState
 from llmgw.plan import Plan
 
+log = logging.getLogger("llmgw.gateway")
+
 
 class Loaded:
-    def __init__(self) -> None:
-        self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(2.0))
+    def __init__(self, agent_timeout: float = 2.0) -> None:
+        self.agent_timeout = agent_timeout
+        self.client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(agent_timeout))
+        # Agents that did not answer their last call, and why, as a request's error says it.
+        self.silent: dict[str, str] = {}
         # What this worker knows of which on-demand engines are loaded: leases it holds per
         # endpoint, and when it last took or gave one back. The agent stops an engine only
         # after its idle time without requests (or to make room), so an engine leased within
@@ -50,12 +60,38 @@ class Loaded:
 
     async def _hear(self, agent: str) -> None:
         try:
-            answer = await self.client.get(agent.rstrip("/") + "/status", timeout=2.0)
+            answer = await self.client.get(agent.rstrip("/") + "/status")
+        except httpx.TransportError as exc:
+            self.lost(agent, exc)
+            return
+        except httpx.HTTPError:
+            return
+        self.back(agent)  # whatever it said, it answered
+        try:
             replicas = answer.json()["replicas"]
             ready = frozenset(str(r["endpoint"]) for r in replicas if r.get("state") == "ready")
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             return  # unheard: its last answer goes stale, and this worker's own record decides
         self.heard[agent] = (time.monotonic(), ready)
+
+    def lost(self, agent: str, exc: httpx.TransportError) -> str:
+        """Take `agent` as silent after `exc`; why, as a sentence for a request's error."""
+        if isinstance(exc, httpx.TimeoutException):
+            kind = f"nothing within {self.agent_timeout:g}s"
+        else:
+            kind = type(exc).__name__
+        if agent not in self.silent:
+            log.warning(
+                "agent at %s does not answer (%s): its on-demand replicas are passed over until it does",
+                agent,
+                kind,
+            )
+        why = self.silent[agent] = f"its node's agent at {agent} does not answer ({kind})."
+        return why
+
+    def back(self, agent: str) -> None:
+        if self.silent.pop(agent, None) is not None:
+            log.info("agent at %s answers again: its on-demand replicas may be started", agent)
 
     def loaded(self, endpoint: str, idle_stop_s: float | None, agent: str | None = None) -> bool:
         """Whether the on-demand engine at `endpoint` is loaded: answering a request of this

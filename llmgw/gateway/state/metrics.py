@@ -103,6 +103,14 @@ TOKENS = Counter(
 RATE_LIMITED = Counter(
     "llmgw_rate_limited", "Requests refused 429, by key and the limit (requests, tokens).", ["key", "limit"]
 )
+# The latest figure any worker saw: the spend is shared (state file or Redis), so the newest
+# reading is the truest.
+BUDGET_USED = Gauge(
+    "llmgw_key_budget_used",
+    "The fraction of its budget (keys.yaml) each key has used this period, reservations included.",
+    ["key"],
+    multiprocess_mode="mostrecent",
+)
 # Set only with LLMGW_REDIS_URL: 1 while every live worker counts rate limits on Redis, 0
 # while any counts on its own instance because Redis did not answer (limits_redis.py).
 LIMITS_SHARED = Gauge(
@@ -174,10 +182,21 @@ EJECTIONS_SKIPPED = Counter(
     "Ejections not made because more than half of a model's replicas would be out.",
     ["replica"],
 )
+FALLBACKS = Counter(
+    "llmgw_fallbacks",
+    "Requests a model could not answer that one of its fallbacks (catalogue `fallbacks`) did.",
+    ["model", "fallback"],
+)
 RETRIES = Counter(
     "llmgw_retries",
     "Requests tried again on another replica (made), or not because the retry budget was spent (refused).",
     ["result"],
+)
+SPANS_DROPPED = Counter(
+    "llmgw_trace_spans_dropped",
+    "Trace spans lost: the export queue was full (queue_full) or the collector did not take them "
+    "(export_failed).",
+    ["reason"],
 )
 PLAN_INFO = Gauge(
     "llmgw_plan_info",

@@ -401,6 +401,8 @@ class RouteTable:
         if planned.max_output is not None:
             listing["max_output"] = planned.max_output
         listing["aliases"] = list(planned.aliases)
+        if planned.fallbacks:  # absent: none, as listings were
+            listing["fallbacks"] = list(planned.fallbacks)
         listing["task"] = planned.task
         # What a client may send it to, as paths: a client need not know what a task implies.
         listing["endpoints"] = [api.path for api in answered_by(planned.task)]

@@ -28,6 +28,9 @@
 
   function applyModel(group, m) {
     setCount(group.querySelector(".health .count"), m.healthy, m.placed);
+    var sync = group.querySelector(".fleet .sync"), fleetHealth = group.querySelector(".fleet .fleet-health");
+    if (sync) sync.textContent = m.sync || "";
+    if (fleetHealth) fleetHealth.textContent = m.fleet_health || "";
     var profiles = group.querySelectorAll("[data-profile]");
     for (var i = 0; i < profiles.length; i++) {
       var p = m.profiles[profiles[i].getAttribute("data-profile")];
