@@ -11,6 +11,8 @@ fake engine's OpenAI API on the --host and --port it was given. Environment:
                         instructions the CPU does not run does (SIGILL)
     STAND_IN_SERVICE_S  work on at most --parallel requests at once (4 when absent, as
                         llama-server), each for this long, as the fake engine's slots do
+    STAND_IN_IGNORE_TERM  ignore SIGTERM, as a llama-server busy with a stream does until the
+                        agent's grace runs out and SIGKILL comes
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def main() -> None:
         sig = signal.Signals[os.environ["STAND_IN_SIGNAL"]]
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
+    if "STAND_IN_IGNORE_TERM" in os.environ:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
