@@ -9,6 +9,7 @@ engine's `served` list says in which order keys were served.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +87,17 @@ def flood(gw: Gateway, key: str, clients: int) -> Load:
 
 def stats(e: Engine) -> dict[str, Any]:
     return e.stats()
+
+
+def metric(gw: Gateway, name: str, **labels: str) -> float | None:
+    text = httpx.get(gw.url + "/metrics", headers=gw.probe_headers(), timeout=10).text
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def reset(e: Engine) -> None:

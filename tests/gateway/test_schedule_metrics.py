@@ -4,25 +4,13 @@ long they waited."""
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from busy import ask, served, slots, stats
-from harness import Gateway, wait_until
-
-
-def metric(gw: Gateway, name: str, **labels: str) -> float | None:
-    text = httpx.get(gw.url + "/metrics", headers=gw.probe_headers(), timeout=10).text
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+from busy import ask, metric, served, slots, stats
+from harness import wait_until
 
 
 def test_metrics_show_slots_in_use_and_who_waits_for_them(tmp_path: Path) -> None:
