@@ -142,6 +142,19 @@ def test_in_a_room_a_request_that_waited_its_patience_drains_the_loaded_replica(
     assert [w.id for w, _ in out] == ["b1"], "once a drained, b was not started"
 
 
+def test_in_a_room_waits_count_from_when_the_loaded_replica_answered_not_through_its_load() -> None:
+    ws = [
+        Waiter("b1", "k", 1, 1.0, 70.0, 1.0, ("http://b",)),
+        Waiter("a1", "k", 1, 1.0, 99.0, 1.0, ("http://a",)),
+    ]
+    for ready, granted in ((None, ["a1"]), (97.0, ["a1"]), (90.0, [])):
+        # a swapped in at 70 and took 27 s to load: b's 30 s were mostly a's load.
+        loading = room({"http://a": 1}, "http://a", {"http://a": 99.0, "http://b": 70.0})
+        loading["http://a"].ready = ready
+        out = grants(ws, {"http://a": 2, "http://b": 4}, Ledger({}, {}), True, loading)
+        assert [w.id for w, _ in out] == granted, f"a ready since {ready}: granted {out}"
+
+
 def test_alternating_requests_in_a_room_cost_two_starts_not_one_each() -> None:
     ws = [
         Waiter(f"w{n:02d}", "k", 1, 1.0, 100.0 + n / 100, 1.0, ("http://a" if n % 2 == 0 else "http://b",))

@@ -175,8 +175,10 @@ def test_a_room_drains_the_loaded_replica_for_a_request_that_waited_its_patience
         made = ask("k", {endpoint: 4})
         return Ask(model, made.waiter, made.slots, 100, {endpoint: rooms[endpoint]})
 
-    first, second = on(A, "a"), on(A, "a")
-    assert store.ask(first)[0] == A, "an empty room takes the first request"
+    warm, first, second = on(A, "a"), on(A, "a"), on(A, "a")
+    assert store.ask(warm)[0] == A, "an empty room takes the first request"
+    store.give_back("a", warm.waiter.id)  # a has loaded: b's wait counts from here
+    assert store.ask(first)[0] == A
     lone = on(B, "b")
     assert store.ask(lone)[0] is None, "b waits while a has a request in flight"
     assert store.ask(second)[0] == A, "a, loaded, keeps taking requests within b's patience"
@@ -187,4 +189,20 @@ def test_a_room_drains_the_loaded_replica_for_a_request_that_waited_its_patience
     assert store.granted("b", lone.waiter.id) is None, "b started while a still had one in flight"
     assert store.give_back("a", second.waiter.id) == [lone.waiter.id], "a drained, b starts"
     assert store.granted("a", late.waiter.id) is None, "a restarted beside b"
+    store.close()
+
+
+def test_a_room_counts_no_wait_while_the_loaded_replica_is_still_loading(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, patience=0.3)
+    rooms = {A: "node:box", B: "node:box"}
+
+    def on(endpoint: str, model: str) -> Ask:
+        made = ask("k", {endpoint: 4})
+        return Ask(model, made.waiter, made.slots, 100, {endpoint: rooms[endpoint]})
+
+    first, lone = on(A, "a"), on(B, "b")
+    assert store.ask(first)[0] == A
+    assert store.ask(lone)[0] is None
+    time.sleep(0.35)  # a's engine loading, its first request not yet answered
+    assert store.ask(on(A, "a"))[0] == A, "b's wait through a's load ended a's turn before it began"
     store.close()

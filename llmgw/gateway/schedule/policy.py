@@ -71,20 +71,29 @@ class Room:
     oldest: Mapping[str, float]  # endpoint → when its longest-waiting request first asked
     now: float
     patience: float
+    # When the loaded replica first gave a slot back in its turn: its engine had loaded. Waits
+    # count from then, not through the load: a load longer than `patience` would otherwise
+    # end every turn as soon as it began, a start for every request or two.
+    ready: float | None = 0.0
+
+    def _waited_long(self, since: float) -> bool:
+        return self.ready is not None and self.now - max(since, self.ready) >= self.patience
 
     def open_to(self, endpoint: str) -> bool:
         """Whether a slot of `endpoint` may be granted now."""
         if any(n > 0 for e, n in self.in_use.items() if e != endpoint):
             return False  # another is running with requests: it must drain first
-        starving = any(e != endpoint and self.now - t >= self.patience for e, t in self.oldest.items())
+        starving = any(e != endpoint and self._waited_long(t) for e, t in self.oldest.items())
         if self.in_use.get(endpoint, 0) > 0 or endpoint == self.loaded or self.loaded is None:
             return not starving
         # A swap: only when the loaded one has nobody waiting, or this one has waited long.
         mine = self.oldest.get(endpoint)
-        return self.loaded not in self.oldest or (mine is not None and self.now - mine >= self.patience)
+        return self.loaded not in self.oldest or (mine is not None and self._waited_long(mine))
 
     def granted(self, endpoint: str) -> None:
         self.in_use[endpoint] = self.in_use.get(endpoint, 0) + 1
+        if endpoint != self.loaded:
+            self.ready = None
         self.loaded = endpoint
 
 

@@ -250,11 +250,12 @@ class LocalStore:
             if unqueue:
                 db.execute("DELETE FROM waiting WHERE id = ?", (id,))
             row = db.execute(
-                "DELETE FROM lease WHERE id = ? RETURNING key, share, cost, room", (id,)
+                "DELETE FROM lease WHERE id = ? RETURNING key, share, cost, room, endpoint", (id,)
             ).fetchone()
             granted: dict[str, str] = {}
             if row is not None:
-                key, share, cost, room = row
+                key, share, cost, room, endpoint = row
+                self._ready(room, endpoint)
                 ledger: Ledger | None = None
                 if cost and correction:
                     ledger = self._ledger(model)
@@ -307,7 +308,10 @@ class LocalStore:
         if not self.later:
             return {}
         later, self.later = self.later, []
-        self.db.executemany("DELETE FROM lease WHERE id = ?", [(id,) for _, id in later])
+        for _, id in later:
+            freed = self.db.execute("DELETE FROM lease WHERE id = ? RETURNING room, endpoint", (id,))
+            for room, endpoint in freed.fetchall():
+                self._ready(room, endpoint)
         granted: dict[str, str] = {}
         for model in {m for m, _ in later}:
             if self._anyone_waits(model):
@@ -331,8 +335,20 @@ class LocalStore:
             "INSERT INTO lease VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (waiter.id, model, endpoint, waiter.key, waiter.share, cost, pid, now + LEASE_TTL, room),
         )
+        if room:  # a swap: the newly loaded replica is not ready until it gives a slot back
+            self.db.execute(
+                "INSERT INTO loaded VALUES (?, ?, NULL) ON CONFLICT (room) DO UPDATE SET "
+                "endpoint = excluded.endpoint, ready = NULL WHERE endpoint != excluded.endpoint",
+                (room, endpoint),
+            )
+
+    def _ready(self, room: str, endpoint: str) -> None:
+        """A slot of `endpoint` given back: if it is its Room's loaded replica, it has loaded."""
         if room:
-            self.db.execute("INSERT OR REPLACE INTO loaded VALUES (?, ?)", (room, endpoint))
+            self.db.execute(
+                "UPDATE loaded SET ready = ? WHERE room = ? AND endpoint = ? AND ready IS NULL",
+                (time.time(), room, endpoint),
+            )
 
     def _dispatch_room(self, room: str, besides: str) -> dict[str, str]:
         """Dispatch the other models waiting for a replica in `room`."""
@@ -353,7 +369,7 @@ class LocalStore:
             in_use = dict(
                 db.execute("SELECT endpoint, COUNT(*) FROM lease WHERE room = ? GROUP BY endpoint", (name,))
             )
-            loaded = db.execute("SELECT endpoint FROM loaded WHERE room = ?", (name,)).fetchone()
+            loaded = db.execute("SELECT endpoint, ready FROM loaded WHERE room = ?", (name,)).fetchone()
             oldest: dict[str, float] = {}
             for text, since in db.execute(
                 "SELECT slots, since FROM waiting WHERE rooms LIKE ?", (f"%|{name}|%",)
@@ -362,6 +378,7 @@ class LocalStore:
                     if r == name and since < oldest.get(endpoint, math.inf):
                         oldest[endpoint] = since
             room = Room(in_use, loaded[0] if loaded else None, oldest, now, self.patience)
+            room.ready = loaded[1] if loaded else 0.0
             for endpoint in {*in_use, *oldest, *([loaded[0]] if loaded else [])}:
                 out[endpoint] = room
         return out
@@ -436,7 +453,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS waiting (id TEXT PRIMARY KEY, model TEXT NOT NULL, key TEXT NOT NULL, "
     "band INTEGER NOT NULL, share REAL NOT NULL, since REAL NOT NULL, cost REAL NOT NULL, "
     "slots TEXT NOT NULL, pid INTEGER NOT NULL, expires REAL NOT NULL, rooms TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS loaded (room TEXT PRIMARY KEY, endpoint TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS loaded (room TEXT PRIMARY KEY, endpoint TEXT NOT NULL, ready REAL)",
     "CREATE INDEX IF NOT EXISTS waiting_model_key ON waiting (model, key)",
     "CREATE TABLE IF NOT EXISTS service (model TEXT NOT NULL, key TEXT NOT NULL, v REAL NOT NULL, "
     "PRIMARY KEY (model, key))",
