@@ -415,12 +415,7 @@ class Proxy:
                     profile, replica = await take_slot(ticket, candidates, watch, ctx.table.plan)
                 if tried > 1:
                     tracing.retried(replica.endpoint, last)
-                served = profile.served_name
-                if served == requested:
-                    content = body
-                else:
-                    content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
-                    rewritten[served] = content
+                content = _named(profile.served_name, requested, body, request, rewritten)
                 answer = await self._ask(model, replica, Outgoing(self.kind, headers, content), watch, ticket)
                 if isinstance(answer, str):  # not taken: why
                     last = answer
@@ -584,3 +579,15 @@ class Proxy:
         finally:
             watch.waiting = False
         return Answer(upstream, hold, chunks, first)
+
+
+def _named(
+    served: str, requested: str, body: bytes, request: dict[str, Any], rewritten: dict[str, bytes]
+) -> bytes:
+    """The body as this replica's engine must read it: naming the model as the engine serves
+    it, written once per served name however many replicas are tried."""
+    if served == requested:
+        return body
+    content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
+    rewritten[served] = content
+    return content
