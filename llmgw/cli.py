@@ -743,12 +743,26 @@ def node_status_command(agent_url: str) -> None:
     show_default=True,
     help="The plan, fleet, engine logs and records.",
 )
-def up_command(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> None:
+@click.option(
+    "--memory-gb",
+    type=float,
+    metavar="GB",
+    help="How much of this machine's memory the plan may use; all of it when absent.",
+)
+@click.option(
+    "--logs",
+    "show_logs",
+    is_flag=True,
+    help="The gateway's access log and the agent's log on this terminal, not in STATE_DIR's files.",
+)
+def up_command(
+    catalog: Path, bind: str, status_bind: str, state_dir: Path, memory_gb: float | None, show_logs: bool
+) -> None:
     """Run CATALOG on this machine alone: plan it onto a one-node fleet, start the engines and the
-    gateway, and stop them all on Ctrl-C."""
+    gateway, and stop them all on Ctrl-C (twice: at once)."""
     from llmgw.up import up
 
-    sys.exit(up(catalog, bind, status_bind, state_dir))
+    sys.exit(up(catalog, bind, status_bind, state_dir, memory_gb, show_logs))
 
 
 # Other orchestrators: the plan rendered into their files. `fetch` runs in their containers.

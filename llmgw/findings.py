@@ -1,6 +1,6 @@
 """A finding: one thing lint has to say about one place in one file.
 
-Rule ids are stable: CI jobs select and silence them, and the README lists each.
+Rule ids are stable: CI jobs select and silence them, and docs/lint-rules.md lists each.
 """
 
 from __future__ import annotations

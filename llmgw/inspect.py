@@ -89,7 +89,7 @@ def model_file_source(path: Path) -> str:
         raise InspectError(f"cannot read {path} as YAML ({exc}); run `llmgw lint` to see where.") from None
     source = data.get("source") if isinstance(data, dict) else None
     if not isinstance(source, str) or not source:
-        raise InspectError(f"{path} has no source to inspect; write `source:` first (see the README).")
+        raise InspectError(f"{path} has no source to inspect; write `source:` first (see docs/catalogue.md).")
     return source
 
 

@@ -20,7 +20,7 @@ from llmgw.load import Document, load_document
 from llmgw.model import Fleet, ModelSpec
 from llmgw.place import Placement, place
 from llmgw.plan import Plan, cycle_collector_paused, file_sha256
-from llmgw.rules import run_rules
+from llmgw.rules import on_demand, run_rules
 from llmgw.rules.context import Context
 from llmgw.rules.fleet import fleet_problems
 from llmgw.validate import check_document, schema_findings
@@ -101,6 +101,7 @@ def _lint(
     findings.extend(run_rules(Context(entries, fleet, changed, kubernetes=kubernetes)))
     placement = place(entries, fleet, previous, changed)
     findings.extend(placement.findings)
+    findings.extend(on_demand.crowded(entries, placement))
     if keys is not None:
         if not keys.is_file():
             raise UsageError(

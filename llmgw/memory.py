@@ -51,7 +51,7 @@ AUTO_SLOTS = 4
 # libraries, the tokenizer's tables, threads, the HTTP server, and a request's working memory.
 # A little of it grows with the context (the cells' bookkeeping, the prompt's tokens and their
 # copies): between 0.2 and 1 KiB a cell over runs. Not derived: fitted to Gemma 3 270M by
-# bench/memory.py (see the README), and rounded up.
+# bench/memory.py (see docs/catalogue.md), and rounded up.
 ENGINE_BYTES = 80 * MiB
 ENGINE_BYTES_PER_CELL = 512
 # llama-server copies the window of a sliding-window model's cache as a "context checkpoint",

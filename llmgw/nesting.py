@@ -65,5 +65,5 @@ def too_deep_sentence(limit: int = MAX_DEPTH) -> str:
     """What a refusal says, after naming the file (and the line, where it has one)."""
     return (
         f"lists and mappings nest more than {limit} deep here, which no llmgw file needs and "
-        "the YAML reader cannot follow; write the values out flat, as the README's examples do."
+        "the YAML reader cannot follow; write the values out flat, as the examples in docs/catalogue.md do."
     )

@@ -95,6 +95,8 @@ def leads_out_through_a_link(written: Path, catalogue: Path) -> bool:
         # A weights file kept elsewhere and linked in (the hub's cache, a models disk, the
         # README's example) is what a link in a catalogue is for, and reading its header
         # quotes nothing but a weights file's: it is followed. Anything else is not.
+        if target.suffix.lower() in WEIGHT_SUFFIXES and not target.exists():
+            return False  # a weights file not there yet is missing (source-missing), not a leak
         return not (target.suffix.lower() in WEIGHT_SUFFIXES and target.is_file())
     except (OSError, RuntimeError):
         return True  # a loop of links leads nowhere lint should go

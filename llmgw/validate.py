@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw.findings import Finding
 from llmgw.load import Document
-from llmgw.schema import proves_valid, validator
+from llmgw.schema import load_schema, proves_valid, validator
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -23,6 +23,9 @@ def check_document(doc: Document, name: str) -> tuple[list[Finding], dict[str, A
     the later stages may check (see `without_mistakes`), or None."""
     if proves_valid(name)(doc.data):
         return [], doc.data
+    misplaced = _keys_file(doc, name)
+    if misplaced is not None:
+        return [misplaced], None
     errors = list(validator(name).iter_errors(doc.data))
     findings: list[Finding] = []
     for error in errors:
@@ -34,6 +37,25 @@ def check_document(doc: Document, name: str) -> tuple[list[Finding], dict[str, A
     if not errors:
         return findings, doc.data
     return findings, without_mistakes(doc.data, name, errors)
+
+
+def _keys_file(doc: Document, name: str) -> Finding | None:
+    """A keys file put among the model files: said once, with where it belongs, rather than
+    as a model missing every field it needs."""
+    data = doc.data
+    if name != "model" or not isinstance(data, dict) or "keys" not in data:
+        return None
+    if set(data) & set(load_schema("model")["properties"]):
+        return None  # a model file with a stray `keys:`: its unknown field says so
+    return doc.finding(
+        "error",
+        "schema",
+        ("keys",),
+        "this is a keys file (top-level `keys:`), not a model file, and every .yaml in the "
+        "catalogue is read as a model. Move it out, beside the catalogue: `llmgw lint`, `plan` "
+        "and `keys add` read keys.yaml from the folder they run in, or the file --keys names.",
+        key=True,
+    )
 
 
 def schema_findings(doc: Document, name: str) -> list[Finding]:
@@ -204,6 +226,10 @@ def _pattern_sentence(error: ValidationError, path: tuple[str | int, ...], field
     return None
 
 
+# A model's profile fields, which a file indented one level too little puts at the top.
+_PROFILE_FIELDS = frozenset(load_schema("model")["$defs"]["profile"]["properties"]) - {"name"}
+
+
 def _unknown_fields(doc: Document, error: ValidationError, path: tuple[str | int, ...]) -> list[Finding]:
     known = list(error.schema.get("properties", {}))
     instance = error.instance if isinstance(error.instance, dict) else {}
@@ -213,6 +239,11 @@ def _unknown_fields(doc: Document, error: ValidationError, path: tuple[str | int
             continue
         guess = get_close_matches(str(key), known, 1, 0.6)
         hint = f" Did you mean '{guess[0]}'?" if guess else f" Known fields here: {', '.join(known)}."
+        if not path and "profiles" in known and key in _PROFILE_FIELDS:
+            hint = (
+                f" {_quoted(key)} is a profile's field: indent it under an entry of `profiles:`, "
+                "beside that entry's `engine:`, for the profile it applies to."
+            )
         where = f" in {_field_name(path)}" if path else ""
         out.append(
             doc.finding(

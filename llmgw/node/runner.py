@@ -27,7 +27,7 @@ from llmgw.node.process import (
     log_tail,
     save_record,
 )
-from llmgw.node.weights import WeightsError, weights_for
+from llmgw.node.weights import WeightsError, downloads, weights_for
 from llmgw.plan import PlanModel, PlanProfile, PlanReplica
 
 log = logging.getLogger("llmgw.node")
@@ -231,7 +231,8 @@ class Runner:
     async def _launch(self) -> EngineProcess | None:
         want = self.want
         self._launched_at = time.monotonic()
-        self._set("downloading")
+        if downloads(want.model):  # a local file was once logged as "downloading"
+            self._set("downloading")
         try:
             weights = await asyncio.to_thread(
                 weights_for, want.model, self.settings.state_dir / "weights", self.counters.add_download

@@ -31,6 +31,15 @@ class WeightsError(LlmgwError):
     """The weights cannot be had; the sentence says what to do. Retried after a backoff."""
 
 
+def downloads(model: PlanModel) -> bool:
+    """Whether getting the weights means fetching a file: a local path is only looked up,
+    and a repository id is vLLM's to fetch."""
+    hub = hub_source(model.source)
+    if hub is not None:
+        return hub.filename is not None
+    return model.source.startswith(("https://", "http://"))
+
+
 def weights_for(model: PlanModel, cache: Path, progress: Progress | None = None) -> str:
     """What the engine is handed: a file on this node, or a repository id for vLLM."""
     source = model.source

@@ -15,6 +15,8 @@ from llmgw.report.diff_text import (
     closing_line,
     describe,
     diff_lines,
+    field_name,
+    field_value,
     memory_line,
     value,
 )
@@ -80,11 +82,11 @@ def summary(change: ResourceChange) -> str:
     parts: list[str] = []
     for f in change.fields:
         # Long prose is named, not quoted: the full diff below has before and after.
-        name = f"profile {f.profile} {f.field}" if f.profile else f.field
+        name = f"profile {f.profile} {field_name(f.field)}" if f.profile else field_name(f.field)
         if f.field == "description" or f.field == "source":
             parts.append(f"{name} changed" if f.before and f.after else f"{name} {_presence(f.after)}")
         else:
-            parts.append(f"{name} {value(f.before)} → {value(f.after)}")
+            parts.append(f"{name} {field_value(f.field, f.before)} → {field_value(f.field, f.after)}")
     for p in change.profiles:
         args = f" with args {value(list(p.args))}" if p.args and p.action == "add" else ""
         parts.append(f"profile {p.name} {'added' if p.action == 'add' else 'removed'}{args}")

@@ -96,8 +96,8 @@ def describe(change: ResourceChange) -> str:
 
 def field_lines(f: FieldChange) -> list[str]:
     """`field: before → after`; long values (descriptions) stack so the two can be compared."""
-    where = f"profile {f.profile} {f.field}" if f.profile else f.field
-    before, after = value(f.before), value(f.after)
+    where = f"profile {f.profile} {field_name(f.field)}" if f.profile else field_name(f.field)
+    before, after = field_value(f.field, f.before), field_value(f.field, f.after)
     if len(before) + len(after) > LONG_VALUES and isinstance(f.before, str) and isinstance(f.after, str):
         before, after = (value(v) for v in around_the_change(f.before, f.after))
     if len(before) + len(after) <= LONG_VALUES:
@@ -154,6 +154,40 @@ def _where(node: str | None, endpoint: str | None, preposition: str = "on") -> s
     if node is None:
         return f"at {endpoint}"
     return f"{preposition} {node} ({endpoint})"
+
+
+# The plan's fields as the model file's author knows them: its key there, and its value in the
+# units written there. A reviewer once read `idle_stop_s: 300` for a file that said `5m`.
+_FILE_KEYS = {"idle_stop_s": "idle_stop"}
+_DEFAULTS = {"start": "always"}  # what an absent field means, said rather than "(none)"
+_UNITS = {"memory_gb": "GB", "gpu_memory_gb": "GB", "weights_bytes": "bytes"}
+
+
+def field_name(field: str) -> str:
+    return _FILE_KEYS.get(field, field)
+
+
+def field_value(field: str, v: Any) -> str:
+    if v is None and field in _DEFAULTS:
+        return _DEFAULTS[field]
+    if field == "start" and isinstance(v, str):
+        return v  # a word of the file's, as `always` is: not a quoted string beside it
+    if field == "idle_stop_s" and isinstance(v, int | float) and not isinstance(v, bool):
+        return duration(v)
+    if field in _UNITS and isinstance(v, int | float) and not isinstance(v, bool):
+        return f"{value(v)} {_UNITS[field]}"
+    return value(v)
+
+
+def duration(seconds: float) -> str:
+    """Seconds as the catalogue writes a duration: `2h`, `10m`, `90s`."""
+    whole = int(seconds)
+    if whole != seconds:
+        return f"{seconds:g}s"
+    for size, unit in ((3600, "h"), (60, "m")):
+        if whole and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
 
 
 def value(v: Any) -> str:

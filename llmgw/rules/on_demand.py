@@ -6,11 +6,18 @@ and a shortage is the usual `placement` error.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from llmgw.catalogue import Entry
+from llmgw.engines import gpus_for
 from llmgw.findings import Finding
 from llmgw.rules.context import Context
+
+if TYPE_CHECKING:
+    from llmgw.place import Placement
 
 
 def check(ctx: Context) -> Iterator[Finding]:
@@ -53,3 +60,40 @@ def unsupported_on_kubernetes(entries: Iterable[Entry]) -> list[Finding]:
         for profile in entry.spec.profiles
         if profile.on_demand
     ]
+
+
+def crowded(entries: Iterable[Entry], placement: Placement) -> list[Finding]:
+    """On-demand replicas of one profile placed on a node that holds fewer of them at once:
+    the agent starts one only by stopping another, so the rest add no capacity. Placement
+    accepts them (each fits beside the always-on replicas), and said nothing."""
+    nodes = {state.node.name: state for state in placement.nodes}
+    findings = []
+    for entry in entries:
+        for profile in entry.spec.profiles:
+            memory = entry.memory(profile)
+            if not profile.on_demand or memory is None:
+                continue
+            per_node = Counter(slot.node.name for slot in placement.replicas(entry.spec.name, profile.name))
+            for name, placed in sorted(per_node.items()):
+                state = nodes[name]
+                gpus = gpus_for(profile)
+                room = state.free_gb  # what the always-on replicas leave
+                fit = state.free_gpus // gpus if gpus else math.floor(room / memory.gb + 1e-9)
+                if placed <= max(fit, 1):
+                    continue
+                path = entry.profile_path(profile)
+                where = (*path, "replicas") if profile.replicas is not None else ("replicas",)
+                need = f"{gpus} GPU(s)" if gpus else f"{memory.gb:g} GB"
+                left = f"{state.free_gpus} GPU(s)" if gpus else f"{room:g} GB"
+                findings.append(
+                    entry.doc.finding(
+                        "warning",
+                        "on-demand",
+                        where,
+                        f"{placed} on-demand replicas of profile {profile.name} are placed on {name}, "
+                        f"which holds {max(fit, 1)} of them at once: each needs {need}, and {left} is "
+                        "left beside its always-on replicas. The agent starts one only by stopping "
+                        "another, so the rest add no capacity; lower replicas, or add nodes for them.",
+                    )
+                )
+    return findings

@@ -36,6 +36,8 @@ misbehaviour through body fields the gateway passes through untouched:
     fake_linger       seconds between a stream's [DONE] event and the end of its body
     fake_model        the model an answer names, as a llama-server without --alias names
                       its weights file (default: the model it was sent)
+    fake_bare_events  write a Responses stream as llama-server does: no sequence_number,
+                      output_index or content_index, and a response.created without output
 
 A stream waits for room in the socket before each event, as the servers real engines run
 on do (uvicorn for vLLM, cpp-httplib's blocking writes for llama.cpp): a gateway that
@@ -309,8 +311,9 @@ class _Connection(asyncio.Protocol):
             await asyncio.sleep(float(request["fake_delay_body"]))
         if kind in _EVENTS:
             hangup = request.get("fake_hangup_after")
+            events = _bare_response_events if request.get("fake_bare_events") else _EVENTS[kind]
             pause = float(request.get("fake_chunk_delay") or 0)
-            for i, (name, data) in enumerate(_EVENTS[kind](model, int(request.get("fake_chunks") or 3))):
+            for i, (name, data) in enumerate(events(model, int(request.get("fake_chunks") or 3))):
                 if i and pause:
                     await asyncio.sleep(pause)
                 await self.writable.wait()
@@ -460,6 +463,32 @@ def _message_events(model: str, chunks: int) -> list[tuple[str, dict[str, Any]]]
             {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": chunks}},
         ),
         ("message_stop", {}),
+    ]
+    return [(name, {"type": name, **data}) for name, data in events]
+
+
+def _bare_response_events(model: str, chunks: int) -> list[tuple[str, dict[str, Any]]]:
+    """A Responses stream exactly as llama-server writes it (tools/server/server-task.cpp):
+    the lifecycle's response holds only id, object and status, and no event says where it
+    belongs in the output but by `item_id`."""
+    text = "".join(f"tok{i} " for i in range(chunks))
+    early = {"id": "resp_fake", "object": "response", "status": "in_progress"}
+    item = {"content": [], "id": "msg_fake", "role": "assistant", "status": "in_progress", "type": "message"}
+    part = {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("response.created", {"response": early}),
+        ("response.in_progress", {"response": early}),
+        ("response.output_item.added", {"item": item}),
+        ("response.content_part.added", {"item_id": "msg_fake", "part": {"type": "output_text", "text": ""}}),
+    ]
+    for i in range(chunks):
+        events.append(("response.output_text.delta", {"item_id": "msg_fake", "delta": f"tok{i} "}))
+    done = {**item, "status": "completed", "content": [part]}
+    events += [
+        ("response.output_text.done", {"item_id": "msg_fake", "text": text}),
+        ("response.content_part.done", {"item_id": "msg_fake", "part": part}),
+        ("response.output_item.done", {"item": done}),
+        ("response.completed", {"response": _response(model, text, "completed", chunks)}),
     ]
     return [(name, {"type": name, **data}) for name, data in events]
 

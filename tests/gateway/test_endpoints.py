@@ -133,6 +133,29 @@ def test_a_streamed_response_arrives_event_by_event_renamed_and_charged(served: 
     assert (line["path"], line["model"], line["status"]) == ("/v1/responses", "gemma", 200)
 
 
+BARE = {"fake_bare_events": True}  # the engine writes Responses events as llama-server does
+
+
+def test_the_stream_helper_reads_llama_servers_bare_events_to_a_final_response(served: Gateway) -> None:
+    client = openai_client(served, OTHER)
+    with client.responses.stream(model="g", input="hi", extra_body=BARE) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert deltas == ["tok0 ", "tok1 ", "tok2 "]
+    assert final.output_text == "tok0 tok1 tok2 " and final.model == "g"
+
+
+def test_bare_events_arrive_numbered_as_openais(served: Gateway) -> None:
+    client = openai_client(served, OTHER)
+    events = list(client.responses.create(model="g", input="hi", stream=True, extra_body=BARE))
+    assert [e.sequence_number for e in events] == list(range(len(events))), "numbered from 0 in order"
+    placed = [e for e in events if e.type.startswith(("response.output", "response.content_part"))]
+    assert {(e.type, e.output_index) for e in placed} == {(e.type, 0) for e in placed}
+    parts = [e for e in placed if hasattr(e, "content_index")]
+    assert parts and all(e.content_index == 0 for e in parts)
+    assert events[0].response.output == [] and events[0].response.model == "g"  # type: ignore[union-attr]
+
+
 def test_each_api_without_a_limit_gets_the_models_max_output_in_its_own_field(
     served: Gateway, engine_a: Engine
 ) -> None:

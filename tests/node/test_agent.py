@@ -72,6 +72,8 @@ def test_a_replica_goes_from_loading_to_ready_with_the_plans_command_line(
     endpoint = replica["endpoint"]
     series = f'llmgw_node_replica_state{{endpoint="{endpoint}",model="a",profile="cpu",state="ready"}}'
     assert f"{series} 1.0" in metrics
+    # The weights are a file beside the catalogue: nothing was downloaded, so nothing says so.
+    assert "downloading" not in agent.log_text(), agent.log_text()
 
 
 def test_an_embedding_model_gets_embeddings_and_a_vllm_replica_its_gpus(

@@ -101,6 +101,18 @@ def test_responses_streamed_and_not_arrive_renamed_with_usage_charged(served: Ga
     charged_by(served, before, done.usage.input_tokens + done.usage.output_tokens)
 
 
+def test_the_openai_stream_helper_reads_llama_servers_responses_to_a_final_response(served: Gateway) -> None:
+    """llama-server leaves sequence_number, output_index and content_index out of its events;
+    the SDK's helper indexes by them, and failed with a TypeError before the gateway filled them."""
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    with client.responses.stream(model="gemma", input="Count to five.", max_output_tokens=8) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text and final.output_text == text and final.model == "gemma"
+
+
 def test_messages_streamed_and_not_and_count_tokens_arrive_renamed_with_usage_charged(
     served: Gateway,
 ) -> None:

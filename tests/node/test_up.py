@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,10 +29,10 @@ def _catalog(root: Path) -> Path:
     return catalog
 
 
-def _up(root: Path, bind: str, status_bind: str) -> subprocess.Popen[bytes]:
+def _up(root: Path, bind: str, status_bind: str, **extra: str) -> subprocess.Popen[bytes]:
     bin_dir = stand_in_bin(root / "bin", "llama-server")
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "STAND_IN_DIR": str(bin_dir),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), **extra}
     env.pop("LLMGW_LLAMA_SERVER", None)
     argv = [sys.executable, "-m", "llmgw", "up", str(_catalog(root)), "--bind", bind,
             "--status-bind", status_bind, "--state-dir", str(root / "state")]
@@ -212,3 +213,73 @@ def test_an_edited_catalogue_is_linted_first_and_a_bad_edit_leaves_the_old_plan_
         out.wait_for("llmgw up: applied plan")
         assert json.loads(plan.read_text())["digest"] != serving
         wait_until(lambda: _served(bind) == ["m", "m2"], 30, "the gateway serving the new model")
+
+
+def _up_once(root: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """up run to its first refusal: nothing here gets as far as starting an engine."""
+    catalog = root / "catalog"
+    catalog.mkdir()
+    (catalog / "weights.gguf").write_bytes(b"GGUF" + bytes(64))
+    (catalog / "m.yaml").write_text(chat_model("m").replace("min_memory_gb: 0.1", "min_memory_gb: 2"))
+    return subprocess.run(
+        [sys.executable, "-m", "llmgw", "up", "catalog", "--bind", f"127.0.0.1:{free_port()}",
+         "--status-bind", f"127.0.0.1:{free_port()}", "--state-dir", "state", *extra],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_up_memory_gb_is_what_the_plan_may_use_of_this_machine(tmp_path: Path) -> None:
+    done = _up_once(tmp_path, "--memory-gb", "1.5")
+    assert done.returncode == 1, done.stderr
+    assert "a replica needs 2 GB" in done.stderr and "1.5 GB" in done.stderr, done.stderr
+    fleet = (tmp_path / "state" / "fleet.yaml").read_text()
+    assert "memory_gb: 1.5\n" in fleet, fleet
+    assert not (tmp_path / "state" / "plan.json").exists()
+
+
+def test_up_memory_gb_beyond_this_machine_is_one_sentence(tmp_path: Path) -> None:
+    done = _up_once(tmp_path, "--memory-gb", "100000")
+    assert done.returncode == 2, done.stderr
+    assert "--memory-gb 100000 is not a share of this machine, which has" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "state").exists()
+
+
+def test_the_terminal_has_the_banner_and_engine_events_and_the_access_log_a_file(tmp_path: Path) -> None:
+    with _running_up(tmp_path) as (_, out, bind):
+        out.wait_for("llmgw up: serving m")
+        out.wait_for("llmgw up: m ready")
+        assert "m: answers 503 until its engine has loaded" in out.text, out.text
+        answer = httpx.post(
+            f"http://{bind}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=10,
+        )
+        assert answer.status_code == 200, answer.text
+        log = tmp_path / "state" / "gateway.log"
+        wait_until(lambda: '"/v1/chat/completions"' in log.read_text(), 10, "the request in gateway.log")
+        assert str(log) in out.text, "the banner says where the access log went"
+        assert '"request_id"' not in out.text and "[INFO]" not in out.text, out.text
+
+
+def test_a_second_ctrl_c_stops_at_once_what_a_first_stops_gracefully(tmp_path: Path) -> None:
+    status = f"127.0.0.1:{free_port()}"
+    proc = _up(tmp_path, f"127.0.0.1:{free_port()}", status, STAND_IN_IGNORE_TERM="1")
+    out = _Output(proc)
+    try:
+        out.wait_for("llmgw up: m ready")
+        engine_pid = json.loads((tmp_path / "bin" / "starts.jsonl").read_text().splitlines()[-1])["pid"]
+        proc.send_signal(signal.SIGINT)
+        out.wait_for("Ctrl-C again to stop at once")
+        # The engine ignores SIGTERM: the first Ctrl-C alone would wait out the agent's grace.
+        pressed = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        took = time.monotonic() - pressed
+        # The agent's grace under up is 5 s, and the engine would have used all of it.
+        assert took < 4, f"up took {took:.1f} s to stop after the second Ctrl-C:\n{out.text}"
+        wait_until(lambda: not _alive(engine_pid), 10, "the engine killed with everything else")
+        assert "Traceback" not in out.text and "KeyboardInterrupt" not in out.text, out.text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

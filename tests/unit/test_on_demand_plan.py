@@ -143,3 +143,34 @@ def test_the_diff_shows_no_memory_line_for_a_node_that_did_not_change(tmp_path):
     models["a.yaml"] = models["a.yaml"].replace("context_length: 2048", "context_length: 1024")
     new = plan_of(tmp_path / "new", models, previous=old)
     assert diff_plans(old, new).memory == ()
+
+
+def test_more_on_demand_replicas_of_one_profile_than_a_node_holds_at_once_are_a_warning(tmp_path):
+    # 9 x 4 GB on demand on a 10 GB node beside 5 GB always on: the node holds one at a time,
+    # so eight of them could only ever start by stopping the ninth.
+    models = {"a.yaml": model("a", 4, extra="    replicas: 9\n"), "base.yaml": model("base", 5, start=None)}
+    result = lint_of(tmp_path, models)
+    [warning] = [f for f in result.findings if f.rule == "on-demand"]
+    assert warning.severity == "warning" and warning.file.endswith("a.yaml"), result.findings
+    said = "9 on-demand replicas of profile cpu are placed on box, which holds 1 of them at once"
+    assert said in warning.message
+    assert "each needs 4 GB, and 5 GB is left" in warning.message
+
+
+def test_on_demand_replicas_that_fit_together_say_nothing(tmp_path):
+    result = lint_of(tmp_path, {"a.yaml": model("a", 4, extra="    replicas: 2\n")})
+    assert not [f for f in result.findings if f.rule == "on-demand"], result.findings
+
+
+def test_the_diff_says_what_the_author_wrote_in_the_authors_units(tmp_path):
+    # The file says `start: on-demand` and `idle_stop: 5m`; the plan keeps seconds, the
+    # reviewer reads the file's words, and the default `always` rather than "(none)".
+    old = plan_of(tmp_path / "old", {"a.yaml": model("a", 4, start=None)})
+    new = plan_of(tmp_path / "new", {"a.yaml": model("a", 4.5, extra="    idle_stop: 5m\n")}, previous=old)
+    diff = diff_plans(old, new)
+    lines = diff_lines(diff)
+    assert "    profile cpu start: always → on-demand" in lines, lines
+    assert "    profile cpu idle_stop: (none) → 5m" in lines, lines
+    assert "    profile cpu memory_gb: 4 GB → 4.5 GB" in lines, lines
+    comment = diff_markdown(diff)
+    assert "profile cpu idle_stop (none) → 5m" in comment and "idle_stop_s" not in comment, comment

@@ -391,6 +391,18 @@ def test_a_weights_file_linked_into_the_catalogue_is_read(tmp_path):
     assert entry.weights_bytes == (tmp_path / "elsewhere.gguf").stat().st_size
 
 
+def test_a_gguf_missing_behind_a_linked_folder_is_missing_not_outside(tmp_path):
+    # The weights live on a models disk linked in as a folder, and this one is not written yet.
+    (tmp_path / "disk").mkdir()
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "models").symlink_to(tmp_path / "disk")
+    result = run(tmp_path, {"m.yaml": model_yaml("m", source="models/m.gguf", weights=None)})
+    assert not by_rule(result, "source-outside"), result.findings
+    [missing] = by_rule(result, "source-missing")
+    assert "models/m.gguf" in missing.message and "does not exist" in missing.message
+
+
 def test_a_source_written_outside_the_catalogue_is_read_as_before(tmp_path):
     write_gguf(tmp_path / "m.gguf", "gemma3", layers=6, window=512)
     result = run(tmp_path, {"m.yaml": model_yaml("m", source="../m.gguf", weights=None)})

@@ -135,6 +135,9 @@ class NodeView:
     always_on_gb: float
     always_on: tuple[str, ...]  # model names
     on_demand: tuple[OnDemandView, ...]
+    # "GPU memory" for a node with GPUs: its engines load into the cards, and the bar once
+    # showed a GPU node's 256 GB of host memory, where its models do not live.
+    what: str = "memory"
 
     @property
     def on_demand_models(self) -> tuple[str, ...]:
@@ -161,23 +164,27 @@ def plan_view(plan: Plan) -> PlanView:
 def _node_views(plan: Plan) -> tuple[NodeView, ...]:
     always: dict[str, list[str]] = {n.name: [] for n in plan.nodes}
     lazy: dict[str, list[OnDemandView]] = {n.name: [] for n in plan.nodes}
+    card_gb = {n.name: float(n.gpu_memory_gb) if n.gpus else 0.0 for n in plan.nodes}
     for m in plan.models:
         for p in m.profiles:
             for r in p.replicas:
                 if r.node not in always:
                     continue
                 if p.on_demand:
+                    # A replica owns whole cards on a GPU node; elsewhere it takes its figure.
                     gb = float(p.memory.gb) if p.memory is not None else 0.0
+                    gb = p.gpus * card_gb[r.node] if card_gb[r.node] else gb
                     lazy[r.node].append(OnDemandView(m.name, r.endpoint, gb))
                 elif m.name not in always[r.node]:
                     always[r.node].append(m.name)
     return tuple(
         NodeView(
             name=n.name,
-            memory_gb=float(n.memory_gb),
-            always_on_gb=float(n.used.memory_gb),
+            memory_gb=n.gpus * card_gb[n.name] if n.gpus else float(n.memory_gb),
+            always_on_gb=n.used.gpus * card_gb[n.name] if n.gpus else float(n.used.memory_gb),
             always_on=tuple(always[n.name]),
             on_demand=tuple(lazy[n.name]),
+            what="GPU memory" if n.gpus else "memory",
         )
         for n in plan.nodes
     )
@@ -210,6 +217,7 @@ def node_document(node: NodeView, loaded: frozenset[str]) -> dict[str, Any]:
         "label": (
             f"always on {gb_label(node.always_on_gb)} GB, loaded on demand {gb_label(loaded_gb)} GB, "
             f"free {gb_label(free_gb)} GB of {gb_label(node.memory_gb)} GB"
+            + ("" if node.what == "memory" else f" {node.what}")
         ),
         "loaded": {
             model: any(r.endpoint in loaded for r in node.on_demand if r.model == model)

@@ -21,7 +21,7 @@ from llmgw.gateway.api import APIS, Api
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
 
-# Every status the gateway itself answers a /v1 request with, and when (see README).
+# Every status the gateway itself answers a /v1 request with, and when (see docs/gateway.md).
 _ERRORS = {
     "400": "The body is not a JSON object with a `model`, a length limit is over the model's "
     "`max_output`, or the model was sent to the wrong endpoint.",

@@ -152,7 +152,11 @@ class Access:
             model = ctx.model or "unknown"
             tenant = ctx.tenant
             metrics.labelled(metrics.REQUESTS, model, str(status), tenant.name if tenant else "-").inc()
-            metrics.labelled(metrics.LATENCY, model).observe(duration)
+            # Timed only when an engine was asked: the gateway's own refusals (a 429, a 503
+            # while an engine loads) take no time, and once pulled the usage table's median
+            # latency toward zero while the engines were slow.
+            if ctx.replica is not None:
+                metrics.labelled(metrics.LATENCY, model).observe(duration)
             if ctx.ttfb is not None:
                 metrics.labelled(metrics.FIRST_BYTE, model).observe(ctx.ttfb)
         if not self.log_lines:

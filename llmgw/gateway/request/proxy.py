@@ -265,7 +265,7 @@ class Proxy:
             resp.content_type = "text/event-stream"
             # Its first event is in hand (`_open` timed it): that is the first token.
             metrics.labelled(metrics.FIRST_TOKEN, model.name).observe(ctx.ttfb or 0.0)
-            rename = EventRename(requested, meter)
+            rename = EventRename(requested, meter, responses=self.kind == "responses")
             answer.first = rename.feed(answer.first)
         else:
             resp.content_type = falcon.MEDIA_JSON

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 
+from llmgw.gateway.request.events import ResponseEvents
 from llmgw.gateway.request.usage import Meter
 
 _LOOK_AHEAD = 1 << 20
@@ -147,10 +148,12 @@ class EventRename:
     event's reader waits for anyway.
     """
 
-    def __init__(self, requested: str, meter: Meter | None = None) -> None:
+    def __init__(self, requested: str, meter: Meter | None = None, responses: bool = False) -> None:
         self.name = json.dumps(requested).encode()
         self.held = b""
         self.meter = meter
+        # The Responses API's events, numbered where the engine did not (see events.py).
+        self.responses = ResponseEvents(requested) if responses else None
         self._dropped = False  # the last data line was taken out: so goes the blank line after it
 
     def feed(self, chunk: bytes) -> bytes:
@@ -181,5 +184,8 @@ class EventRename:
         if self.meter is not None and self.meter.event(body):
             self._dropped = True
             return b""
+        if self.responses is not None:
+            text = body.rstrip(b"\r\n")
+            body = self.responses.complete(text) + body[len(text) :]
         out = renamed(body, self.name, complete=True)
-        return line if out is None else line[:head] + out
+        return line[:head] + (body if out is None else out)

@@ -8,12 +8,17 @@ loads the plan and the keys, checks health and watches both files on its own.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import httpx
 
 from llmgw.errors import PlanError, UsageError
 from llmgw.gateway.request.limits import state_directory
@@ -21,6 +26,7 @@ from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
 from llmgw.gateway.settings import settings_from_env
 from llmgw.gateway.state.keys import keys_from_settings
 from llmgw.gateway.state.reload import last_good_path, read_table
+from llmgw.plan import PlanProfile, PlanReplica, read_plan
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 
@@ -102,6 +108,20 @@ def check_bind(bind: str) -> None:
     host, sep, port = bind.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise UsageError(f"--bind {bind!r} is not HOST:PORT; e.g. --bind 127.0.0.1:8080.")
+    # gunicorn retries a taken address five times a second apart, printing a raw error for
+    # each, and then exits 1; one try here says it at once, as `llmgw up` does.
+    host = host.strip("[]")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(
+                    f"{host}:{port} is taken by another process, so the gateway was not started; "
+                    "stop what holds it, or pass --bind HOST:PORT with a free port."
+                ) from None
+            raise UsageError(f"cannot listen on --bind {bind}: {exc.strerror or exc}.") from None
 
 
 def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None:
@@ -162,5 +182,45 @@ def serve(plan: Path, bind: str, workers: int) -> None:
             f"llmgw: {exc} Serving the last good plan ({last_good}) until a good one replaces it.",
             file=sys.stderr,
         )
+    for line in _not_running(plan):
+        print(f"llmgw serve: {line}", file=sys.stderr)
     argv = gunicorn_argv(bind, workers)
     os.execve(sys.executable, argv, serve_environment(plan))
+
+
+def _not_running(path: Path) -> list[str]:
+    """Which models no replica answers for yet, and who would start one: gunicorn's "Listening"
+    once read as ready while every request to a plan whose engines were not running got 503."""
+    try:
+        plan = read_plan(path)
+    except PlanError:
+        return []  # served from the last good plan, as said above
+    waiting: list[tuple[str, PlanProfile, PlanReplica]] = [
+        (m.name, p, r) for m in plan.models for p in m.profiles if not p.on_demand for r in p.replicas
+    ]
+
+    def answers(endpoint: str) -> bool:
+        try:
+            return httpx.get(endpoint + "/health", timeout=0.5, trust_env=False).status_code < 500
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    endpoints = sorted({r.endpoint for _, _, r in waiting})
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        up = dict(zip(endpoints, pool.map(answers, endpoints), strict=True))
+    lines = []
+    for model in plan.models:
+        mine = [(p, r) for name, p, r in waiting if name == model.name]
+        if not mine or any(up[r.endpoint] for _, r in mine):
+            continue
+        nodes = sorted({r.node for _, r in mine if r.node is not None})
+        where = (
+            f"started by the node agent on {', '.join(nodes)} (`llmgw node --node NAME`, or `llmgw up`)"
+            if nodes
+            else "run elsewhere: its profile lists endpoints, which llmgw does not start"
+        )
+        lines.append(
+            f"no replica of {model.name} answers yet ({', '.join(r.endpoint for _, r in mine)}); its engines "
+            f"are {where}. Until one does, requests for {model.name} get 503."
+        )
+    return lines
