@@ -272,11 +272,20 @@ def main() -> None:
     except ImportError:
         run = asyncio.run
 
+    slots = ("--parallel", str(max(args.connections, 1)))
     with tempfile.TemporaryDirectory() as tmp, harness.engine("bench", "127.0.0.2") as engine:
         plan_path = Path(tmp) / "plan.json"
         harness.write_plan(
             plan_path,
-            harness.plan([harness.model("bench", [harness.profile([engine.url], "bench")], max_output=4096)]),
+            # The fake engine answers any number at once: its slots say so, so the gateway
+            # (which sends a replica no more than its slots) holds nothing back from it.
+            harness.plan(
+                [
+                    harness.model(
+                        "bench", [harness.profile([engine.url], "bench", args=slots)], max_output=4096
+                    )
+                ]
+            ),
         )
         env = {} if args.access_log else {"LLMGW_ACCESS_LOG": "off"}
         with (

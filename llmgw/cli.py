@@ -536,6 +536,18 @@ def _key_lines(tenants: list[Tenant]) -> list[str]:
 @click.option("--tpm", type=click.IntRange(min=1), default=None, help="Tokens per minute [no limit].")
 @click.option("--expires", type=click.DateTime(["%Y-%m-%d"]), default=None, help="Last day it works.")
 @click.option(
+    "--priority",
+    type=click.Choice(["high", "normal", "low"]),
+    default=None,
+    help="Which requests go first when a model is busy [normal].",
+)
+@click.option(
+    "--share",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Its share of a busy model beside keys of its priority [1].",
+)
+@click.option(
     "--catalog",
     "catalog",
     type=click.Path(path_type=Path),
@@ -549,6 +561,8 @@ def keys_add_command(
     rpm: int | None,
     tpm: int | None,
     expires: datetime.datetime | None,
+    priority: str | None,
+    share: float | None,
     catalog: Path | None,
 ) -> None:
     """Make a new random key for NAME, append its hash to keys.yaml, and print the key once."""
@@ -558,7 +572,7 @@ def keys_add_command(
         )
     patterns = [m.strip() for m in (models or "").split(",") if m.strip()]
     _check_models_exist(patterns, catalog)
-    key = add_key(keys_path, name, patterns, rpm, tpm, expires.date() if expires else None)
+    key = add_key(keys_path, name, patterns, rpm, tpm, expires.date() if expires else None, priority, share)
     click.echo(key)
     click.echo(
         f"llmgw keys: added '{name}' to {keys_path}. The key above is shown this once and stored "

@@ -220,6 +220,8 @@ def add_key(
     rpm: int | None = None,
     tpm: int | None = None,
     expires: dt.date | None = None,
+    priority: str | None = None,
+    share: float | None = None,
 ) -> str:
     """Append a new key's entry to `path` (made if missing), comments kept; the key itself,
     which is stored nowhere."""
@@ -251,6 +253,10 @@ def add_key(
         entry["tpm"] = tpm
     if expires is not None:
         entry["expires"] = expires
+    if priority is not None:
+        entry["priority"] = priority
+    if share is not None:
+        entry["share"] = int(share) if share == int(share) else share
     keys.append(entry)
     out = io.StringIO()
     yaml.dump(doc, out)

@@ -74,6 +74,11 @@ class Settings:
     # None: each instance counts in its own SQLite file.
     redis_url: str | None = None
     redis_timeout: float = 0.1  # to connect, and for each answer; then limits are counted locally
+    # Fair scheduling (gateway/schedule/): how long a request may wait for a replica's slot,
+    # how many one key may have waiting per model, and the order (fair, or fifo to compare).
+    queue_wait: float = 60.0
+    queue_per_key: int = 100
+    scheduler: str = "fair"
 
 
 # A plan endpoint that points at the gateway itself turned one request into hundreds, each
@@ -98,6 +103,7 @@ _FLOATS = {
     "LLMGW_RETRY_BUDGET": "retry_budget",
     "LLMGW_LOAD_TIMEOUT": "load_timeout",
     "LLMGW_REDIS_TIMEOUT": "redis_timeout",
+    "LLMGW_QUEUE_WAIT": "queue_wait",
 }
 _INTS = {
     "LLMGW_HEALTH_FAILURES": "health_failures",
@@ -109,6 +115,7 @@ _INTS = {
     "LLMGW_RETRY_FLOOR": "retry_floor",
     "LLMGW_MAX_RESPONSE_BYTES": "max_response_bytes",
     "LLMGW_MAX_HELD": "max_held",
+    "LLMGW_QUEUE_PER_KEY": "queue_per_key",
 }
 
 
@@ -141,6 +148,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["cors_origins"] = _origins(env["LLMGW_CORS_ORIGINS"])
     if env.get("LLMGW_REDIS_URL"):
         values["redis_url"] = _redis_url(env["LLMGW_REDIS_URL"])
+    if env.get("LLMGW_SCHEDULER"):
+        values["scheduler"] = _scheduler(env["LLMGW_SCHEDULER"])
     if env.get("LLMGW_ACCESS_LOG", "").lower() in ("0", "off", "false", "no"):
         values["access_log"] = False
     return Settings(**values)  # type: ignore[arg-type]
@@ -200,6 +209,16 @@ def _redis_url(url: str) -> str:
             "set it to redis://[USER:PASSWORD@]HOST[:PORT][/DB]."
         ) from None
     return url
+
+
+def _scheduler(text: str) -> str:
+    name = text.strip().lower()
+    if name not in ("fair", "fifo"):
+        raise UsageError(
+            f"LLMGW_SCHEDULER={text!r} is not a scheduler; set it to fair (shares and priorities "
+            "per key, the default) or fifo (first come, first served)."
+        )
+    return name
 
 
 def _is_address(host: str) -> bool:

@@ -50,6 +50,7 @@ def test_each_model_shows_its_last_minute_with_medians_marked_as_estimates() -> 
         "Median latency": "≈ 1.2 s",
         "Median time to first token": "≈ 183 ms",
         "Tokens/s": "123",
+        "Waiting": "0",
     }
     assert "over the last 60 s" in doc.find("h2").text
 
@@ -61,6 +62,7 @@ def test_a_model_without_requests_shows_dashes_not_zero_latency() -> None:
         "Median latency": "–",
         "Median time to first token": "–",
         "Tokens/s": "0",
+        "Waiting": "0",
     }
 
 
@@ -102,3 +104,17 @@ def test_a_key_page_shows_its_name_limits_and_usage_per_model() -> None:
     assert facts["key-expires"].startswith("2020-01-31 (expired")
     total = next(r for r in doc.find_all("tr") if "total" in (r.attrs.get("class") or ""))
     assert [c.text for c in total.find_all("td")] == ["7", "30", "40"]
+
+
+def test_each_model_shows_the_requests_waiting_for_a_slot() -> None:
+    snap = DashboardSnapshot(
+        plan=Plan.of(make_plan(sample_models(ENDPOINTS))),
+        loaded_at=0.0,
+        refusal=None,
+        healthy={},
+        usage=Figures(60.0, {}),
+        waiting={"llama-3.1-8b": 7},
+    )
+    doc = parse(render_page(snap, now=60.0))
+    assert usage_row(doc, "llama-3.1-8b")["Waiting"] == "7"
+    assert usage_row(doc, "nomic-embed")["Waiting"] == "0"

@@ -46,6 +46,14 @@ stops reading holds the engine back, and `streamed_bytes` shows how far it got.
 GET /fake/stats reports requests seen, streams whose client went away, models and
 `max_tokens` seen, and the bytes of stream events written.
 POST /fake/health with {"status": 503} changes what GET /health answers from then on.
+
+Slots, as llama-server's `--parallel N`: started with `--parallel N --service-time S`, the
+engine works on at most N API requests at once, each for S seconds (a request's own
+`fake_service` overrides S), and queues the rest first come, first served. A request whose
+client leaves gives its slot up, as llama-server cancels the task of a closed connection.
+Stats then add `in_flight` (received, not yet answered: what the gateway sent it at once),
+`max_in_flight`, and `served`: each request's `fake_tag` (the caller's label, "-" if none) in
+the order work began on it. POST /fake/reset starts `max_in_flight` and `served` afresh.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ import json
 import socket
 import struct
 import sys
+from collections import deque
 from typing import Any
 
 import httptools
@@ -72,7 +81,14 @@ _REASONS = {
 class Engine:
     """State shared by every connection of one fake engine."""
 
-    def __init__(self, name: str, health_status: int, fail_status: int | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        health_status: int,
+        fail_status: int | None,
+        slots: int | None = None,
+        service_s: float = 0.0,
+    ) -> None:
         self.name = name
         self.health_status = health_status
         self.fail_status = fail_status
@@ -87,9 +103,51 @@ class Engine:
         self.streamed_bytes = 0
         self.last: dict[str, Any] | None = None  # the last API request, as it arrived
         self.traceparents: list[str] = []  # W3C trace context the requests carried
+        self.slots = slots
+        self.service_s = service_s
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.working = 0
+        self.waiting: deque[asyncio.Future[None]] = deque()
+        self.served: list[str] = []
+
+    def arrived(self) -> None:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def reset(self) -> None:
+        self.max_in_flight = self.in_flight
+        self.served = []
+
+    async def work(self, tag: str, seconds: float, gone: asyncio.Event) -> None:
+        """Take a slot (waiting in arrival order for one), work `seconds` unless the client
+        leaves first, and hand the slot to the next in line."""
+        assert self.slots is not None
+        if self.working < self.slots:
+            self.working += 1
+        else:
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.waiting.append(turn)
+            await turn  # the slot is handed over: `working` stays as it was
+        try:
+            if gone.is_set():
+                return
+            self.served.append(tag)
+            try:
+                await asyncio.wait_for(gone.wait(), seconds)
+            except TimeoutError:
+                pass
+        finally:
+            if self.waiting:
+                self.waiting.popleft().set_result(None)
+            else:
+                self.working -= 1
 
     def stats(self) -> dict[str, Any]:
         return {
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "served": self.served,
             "last": self.last,
             "name": self.name,
             "requests": self.requests,
@@ -115,6 +173,7 @@ class _Connection(asyncio.Protocol):
         self.busy = False
         self.writable = asyncio.Event()
         self.writable.set()
+        self.gone = asyncio.Event()
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -123,6 +182,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.gone.set()
         self.engine.open -= 1
         self.writable.set()  # a stream waiting for room learns the reader has gone
 
@@ -205,6 +265,10 @@ class _Connection(asyncio.Protocol):
         if method == "GET" and path == b"/fake/stats":
             self._write(200, json.dumps(engine.stats()).encode())
             return None
+        if method == "POST" and path == b"/fake/reset":
+            engine.reset()
+            self._write(200, b"{}")
+            return None
         if method == "POST" and path == b"/fake/health":
             engine.health_status = int(json.loads(body)["status"])
             self._write(200, b"{}")
@@ -238,6 +302,9 @@ class _Connection(asyncio.Protocol):
         kind = _KINDS[path]
         model = str(request.get("fake_model") or model)
         engine.last = {"kind": kind, "request": request}
+        if engine.slots is not None:
+            engine.arrived()
+            return {"kind": kind, "model": model, "request": request, "slot": True}
         if request.get("stream") or request.get("fake_delay_first") or request.get("fake_delay_body"):
             return {"kind": kind, "model": model, "request": request}
         content_type = str(request.get("fake_content_type") or "application/json").encode()
@@ -276,6 +343,9 @@ class _Connection(asyncio.Protocol):
         self.engine.answering += 1
         try:
             request = job["request"]
+            if job.get("slot"):
+                seconds = float(request.get("fake_service") or self.engine.service_s)
+                await self.engine.work(str(request.get("fake_tag") or "-"), seconds, self.gone)
             delay = float(request.get("fake_delay_first") or 0)
             if delay:
                 await asyncio.sleep(delay)
@@ -285,6 +355,8 @@ class _Connection(asyncio.Protocol):
             await self._stream(job["kind"], job["model"], request)
         finally:
             self.engine.answering -= 1
+            if job.get("slot"):
+                self.engine.in_flight -= 1
             self.busy = False
             if not self.closed:
                 self._drain()
@@ -594,7 +666,7 @@ async def serve(host: str, port: int, engine: Engine) -> asyncio.Server:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    engine = Engine(args.name, args.health, args.fail_status)
+    engine = Engine(args.name, args.health, args.fail_status, args.parallel, args.service_time)
     server = await serve(args.host, args.port, engine)
     host, port = server.sockets[0].getsockname()[:2]
     print(f"LISTENING {host}:{port}", flush=True)
@@ -609,6 +681,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="fake")
     parser.add_argument("--health", type=int, default=200, help="status GET /health answers")
     parser.add_argument("--fail-status", type=int, default=None, help="answer every API call so")
+    parser.add_argument("--parallel", "-np", type=int, default=None, help="slots, as llama-server's")
+    parser.add_argument("--service-time", type=float, default=0.0, help="seconds a request takes in a slot")
     args = parser.parse_args(argv)
     try:
         import uvloop

@@ -105,6 +105,7 @@ def profile(
     weight: int = 1,
     name: str = "p",
     routing: Literal["prefix", "least-loaded"] | None = None,
+    args: tuple[str, ...] = (),
 ) -> PlanProfile:
     """An external profile: placement cannot put a replica where a fake engine listens."""
     return PlanProfile(
@@ -113,7 +114,7 @@ def profile(
         priority=priority,
         weight=weight,
         ctx_size=8192,
-        args=(),
+        args=args,
         gpus=0,
         node_selector={},
         served_name=served_name,

@@ -9,6 +9,8 @@ fake engine's OpenAI API on the --host and --port it was given. Environment:
                         cannot read its weights does
     STAND_IN_SIGNAL     print a line and die of this signal at once, as an engine built for
                         instructions the CPU does not run does (SIGILL)
+    STAND_IN_SERVICE_S  work on at most --parallel requests at once (4 when absent, as
+                        llama-server), each for this long, as the fake engine's slots do
     STAND_IN_IGNORE_TERM  ignore SIGTERM, as a llama-server busy with a stream does until the
                         agent's grace runs out and SIGKILL comes
 """
@@ -55,12 +57,16 @@ def main() -> None:
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--alias", "--served-model-name", dest="name", default="stand-in")
+    parser.add_argument("--parallel", "-np", type=int, default=4)
     args, _ = parser.parse_known_args(argv)
-    asyncio.run(_serve(args.host, args.port, args.name, float(os.environ.get("STAND_IN_LOAD_S", "0"))))
+    load_s = float(os.environ.get("STAND_IN_LOAD_S", "0"))
+    service = os.environ.get("STAND_IN_SERVICE_S")
+    slots = (args.parallel, float(service)) if service is not None else None
+    asyncio.run(_serve(args.host, args.port, args.name, load_s, slots))
 
 
-async def _serve(host: str, port: int, name: str, load_s: float) -> None:
-    engine = Engine(name, 503 if load_s else 200, None)
+async def _serve(host: str, port: int, name: str, load_s: float, slots: tuple[int, float] | None) -> None:
+    engine = Engine(name, 503 if load_s else 200, None, *(slots or (None, 0.0)))
     server = await serve(host, port, engine)
     if load_s:
         await asyncio.sleep(load_s)

@@ -88,6 +88,8 @@ class DashboardSnapshot:
     usage: Figures | None = None
     # On-demand replicas loaded now, by endpoint (state/loaded.py).
     loaded: frozenset[str] = frozenset()
+    # Requests waiting for a replica's slot, per model, over every worker (gateway/schedule/).
+    waiting: Mapping[str, int] = field(default_factory=dict)
     # Model → (sync, health) as `llmgw status` says them (state/fleet.py); absent until the
     # agents were first asked, and for a model no agent runs.
     fleet: Mapping[str, tuple[str, str]] = field(default_factory=dict)
@@ -320,12 +322,17 @@ def _usage_row(figures: ModelFigures | None) -> dict[str, Any]:
     }
 
 
-def usage_document(usage: Figures | None, view: PlanView) -> dict[str, Any]:
+def usage_document(
+    usage: Figures | None, view: PlanView, waiting: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """The usage table's cells, as shown: every model of the plan, in its order."""
     models = usage.models if usage is not None else {}
+    waits = waiting or {}
     return {
         "window": None if usage is None else seconds_label(usage.seconds),
-        "models": {m.name: _usage_row(models.get(m.name)) for m in view.models},
+        "models": {
+            m.name: {**_usage_row(models.get(m.name)), "waiting": waits.get(m.name, 0)} for m in view.models
+        },
     }
 
 
@@ -360,7 +367,7 @@ def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> 
         "discovery_errors": list(snapshot.discovery_errors),
         "models": models,
         "nodes": {n.name: node_document(n, snapshot.loaded) for n in view.nodes},
-        "usage": usage_document(snapshot.usage, view),
+        "usage": usage_document(snapshot.usage, view, snapshot.waiting),
         # Which worker answered: each keeps its own health view, and tests check that
         # every worker says the same about the plan.
         "worker": os.getpid(),

@@ -19,6 +19,7 @@ from llmgw.gateway.request.access import bearer_token, check_model, usable_model
 from llmgw.gateway.request.body import read_body
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.limits_redis import SharedLimiter
+from llmgw.gateway.schedule import Scheduler
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Keys, Tenant, rfc3339
 from llmgw.gateway.state.loaded import Loaded
@@ -164,13 +165,18 @@ def _group_status(group: DnsGroup) -> dict[str, Any]:
 
 
 class Metrics:
-    def __init__(self, state: PlanState, token: str | None = None) -> None:
+    def __init__(
+        self, state: PlanState, token: str | None = None, scheduler: Scheduler | None = None
+    ) -> None:
         self.state = state
         self.token = token
+        self.scheduler = scheduler
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         check_metrics_token(self.token, req.get_header("Authorization"))
         table = self.state.table
+        if self.scheduler is not None:
+            self.scheduler.record(table.slots(), table.models)
         resp.data, resp.content_type = metrics.exposition(table.every_replica(), table.models)
 
 
@@ -288,6 +294,8 @@ def key_document(
         "tpm": tenant.tpm,
         "expires": tenant.expires.isoformat() if tenant.expires else None,
         "expired": tenant.expired(),
+        "priority": tenant.priority,
+        "share": tenant.share,
         "total": _totals(tenant, usage, limiter),
     }
     if limiter is not None and (tenant.rpm is not None or tenant.tpm is not None):

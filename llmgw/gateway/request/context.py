@@ -7,6 +7,7 @@ from __future__ import annotations
 import falcon.asgi
 
 from llmgw.gateway.request.limits import Spend
+from llmgw.gateway.schedule import Ticket
 from llmgw.gateway.state.keys import Tenant
 from llmgw.gateway.state.routes import RouteTable
 
@@ -30,6 +31,8 @@ class RequestContext:
         self.streaming = False  # the relay writes the access log line at the answer's end
         self.prompt_estimate = 0  # tokens charged when an answer is cut before its usage came
         self.reservation: int | None = None  # the tokens its key's tpm holds until it settles
+        self.ticket: Ticket | None = None  # its place in line for a slot (gateway/schedule/)
+        self.band = 1  # its priority band when it waits (schedule/policy.py: BANDS)
         self.spend: Spend | None = None  # what it holds of its key's budget until it settles
 
 

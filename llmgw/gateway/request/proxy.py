@@ -57,6 +57,7 @@ from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
 from llmgw.gateway.request.lease import AgentSilent, Leases
 from llmgw.gateway.request.limits import Limiter, Window
+from llmgw.gateway.request.line import take_slot, ticket_for
 from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.relay import (
     Answer,
@@ -70,6 +71,7 @@ from llmgw.gateway.request.relay import (
 )
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
 from llmgw.gateway.request.usage import Meter, prompt_estimate
+from llmgw.gateway.schedule import Scheduler, Ticket, band_of
 from llmgw.gateway.settings import VIA_HEADER, Settings
 from llmgw.gateway.state import metrics, tracing
 from llmgw.gateway.state.health import Health
@@ -103,6 +105,11 @@ _REPLICA_TROUBLE = frozenset({502, 503, 504})
 # its replicas failed before the first byte: its fallbacks are asked (see `_open_or_fall_back`).
 _FALL_BACK_ON = frozenset({502, 503, 504})
 FALLBACK_HEADER = "x-llmgw-fallback"
+# A caller may put its own request below its key's priority (never above): a batch job's key
+# can send its urgent request at the key's band and the rest lower.
+PRIORITY_HEADER = "x-llmgw-priority"
+# How long the answer waited for a replica's slot, on the answers that waited at all.
+QUEUE_WAIT_HEADER = "x-llmgw-queue-wait-ms"
 
 
 class _NotReady(str):
@@ -127,8 +134,10 @@ class Proxy:
         budget: RetryBudget,
         limiter: Limiter | None = None,
         leases: Leases | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.kind = kind
+        self.scheduler = scheduler
         self.api = APIS[kind]
         self.leases = leases
         self.outliers = outliers
@@ -171,6 +180,7 @@ class Proxy:
         )
         ctx.reservation = window.reservation if window is not None else None
         ctx.spend = window.spend if window is not None else None
+        ctx.band = band_of(tenant.priority if tenant is not None else None, req.get_header(PRIORITY_HEADER))
         if ctx.spend is not None:  # on every answer, the engine's errors too
             resp.set_headers(ctx.spend.headers())
         meter = Meter(free=counting)
@@ -258,6 +268,8 @@ class Proxy:
         resp.status = upstream.status_code
         if window is not None:
             resp.set_headers(window.headers())
+        if ctx.ticket is not None and ctx.ticket.waited:
+            resp.set_header(QUEUE_WAIT_HEADER, str(round(ctx.ticket.waited * 1000)))
         # Only the two types an OpenAI client reads: an engine's odd type (text/html, say)
         # would have a browser render its bytes as a page of this gateway's origin.
         rename: EventRename | JsonRename
@@ -391,8 +403,10 @@ class Proxy:
         # only then is it known whose fault it was (see `_blame`).
         faulted: Answer | None = None
         self.budget.request()
+        ticket = ctx.ticket = ticket_for(self.scheduler, model, ctx)
         try:
-            for profile, replica in model.candidates(key):
+            candidates = list(model.candidates(key))
+            while candidates:
                 if tried and not self.budget.allow():
                     # Past the budget the first failure is the answer: when every replica
                     # is failing, asking each of them too would only double their load.
@@ -404,6 +418,10 @@ class Proxy:
                         return faulted
                     raise _budget_spent(model, last)
                 tried += 1
+                if ticket is None:
+                    profile, replica = candidates.pop(0)
+                else:
+                    profile, replica = await take_slot(ticket, candidates, watch, ctx.table.plan)
                 if tried > 1:
                     tracing.retried(replica.endpoint, last)
                 served = profile.served_name
@@ -412,7 +430,7 @@ class Proxy:
                 else:
                     content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
                     rewritten[served] = content
-                answer = await self._ask(model, replica, Outgoing(self.kind, headers, content), watch)
+                answer = await self._ask(model, replica, Outgoing(self.kind, headers, content), watch, ticket)
                 if isinstance(answer, str):  # not taken: why
                     last = answer
                     not_ready += isinstance(answer, _NotReady)
@@ -485,12 +503,12 @@ class Proxy:
         )
 
     async def _ask(
-        self, model: Model, replica: Replica, outgoing: Outgoing, watch: Disconnect
+        self, model: Model, replica: Replica, outgoing: Outgoing, watch: Disconnect, ticket: Ticket | None
     ) -> Answer | str:
         """One replica's answer (counted in flight until it is released), or why the
         replica did not take the request; ApiError when no other replica may be tried."""
         try:
-            answer = await self._attempt(outgoing, replica, watch, model.name)
+            answer = await self._attempt(outgoing, replica, watch, model.name, ticket)
         except _NOT_TAKEN as exc:
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "connect").inc()
             self.health.failed(replica, f"request failed: {type(exc).__name__}")
@@ -557,7 +575,12 @@ class Proxy:
         self.outliers.failed(model, faulted.replica, why)
 
     async def _attempt(
-        self, outgoing: Outgoing, replica: Replica, watch: Disconnect, model: str = ""
+        self,
+        outgoing: Outgoing,
+        replica: Replica,
+        watch: Disconnect,
+        model: str = "",
+        ticket: Ticket | None = None,
     ) -> Answer:
         """Ask one replica; return once its first body byte (or its whole, empty answer) is
         here, within one first-byte allowance for the headers and that byte together.
@@ -568,6 +591,9 @@ class Proxy:
         upstream: Reply | httpx.Response | None = None
         watch.waiting = True
         hold = replica.hold()
+        if ticket is not None and ticket.id is not None:
+            # The slot goes back with the replica's count, however the answer ends.
+            hold.then(functools.partial(ticket.give_back, ticket.id))
         try:
             if replica.agent is not None and self.leases is not None:
                 if watch.gone:
@@ -578,7 +604,7 @@ class Proxy:
                 # meanwhile cancels the wait); the first-byte allowance starts after.
                 with tracing.waiting("engine load", replica.endpoint):
                     lease = await self.leases.lease(model, replica)
-                hold.after = functools.partial(self.leases.release, replica, lease)
+                hold.then(functools.partial(self.leases.release, replica, lease))
             # Cut short should health checks mark the replica down meanwhile (Health.waiting).
             async with asyncio.timeout(self.first_byte_timeout) as clock:
                 with self.health.waiting(replica, clock):

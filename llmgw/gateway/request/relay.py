@@ -328,6 +328,8 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
             reservation, ctx.reservation = ctx.reservation, None
             spend, ctx.spend = ctx.spend, None
             limiter.count(tenant, prompt, completion, reservation, spend)
+        if ctx.ticket is not None:
+            ctx.ticket.used(prompt + completion)
     except Exception:  # a miscount must not lose the access log line and metrics
         log.exception("counting the tokens of request %s failed", ctx.request_id)
 

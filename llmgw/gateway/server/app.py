@@ -37,6 +37,8 @@ from llmgw.gateway.request.limits import Limiter, state_directory
 from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
+from llmgw.gateway.schedule import LocalStore, Scheduler, Store
+from llmgw.gateway.schedule.store_redis import RedisStore, Shared
 from llmgw.gateway.settings import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
 from llmgw.gateway.state.fleet import FleetWatch
@@ -112,8 +114,10 @@ class Lifecycle:
         keys: Keys | None,
         samples: Samples,
         loaded: Loaded,
+        scheduler: Scheduler,
     ) -> None:
         self.loaded = loaded
+        self.scheduler = scheduler
         self.fleet = FleetWatch(loaded.client)
         self.state = state
         self.keys = keys
@@ -134,6 +138,7 @@ class Lifecycle:
             loop.create_task(self.loaded.watch(self.state, max(1.0, self.settings.health_interval))),
             # What the agents run against the plan, for the dashboard's two words per model.
             loop.create_task(self.fleet.watch(self.state, max(2.0, self.settings.health_interval))),
+            loop.create_task(self.scheduler.watch()),
         ]
         if self.keys is not None:
             self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
@@ -194,7 +199,8 @@ def create_app(
 
     loaded = Loaded(settings.agent_timeout)
     leases = Leases(settings.load_timeout, settings.max_held, loaded, agent_timeout=settings.agent_timeout)
-    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, loaded)
+    scheduler = _scheduler(settings, shared)
+    lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, loaded, scheduler)
     app = _App(request_type=Request, middleware=[*_cors(settings), lifecycle, access])
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(ApiError, handle_api_error)
@@ -210,12 +216,13 @@ def create_app(
     app.add_route("/v1/models/{model_id:path}", models, suffix="item")
     for kind, api in APIS.items():
         app.add_route(
-            api.path, Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, leases)
+            api.path,
+            Proxy(kind, upstream, health, settings, access, outliers, budget, limiter, leases, scheduler),
         )
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())
     app.add_route("/readyz", Readyz(state, settings.metrics_token, keys, limiter))
-    app.add_route("/metrics", Metrics(state, settings.metrics_token))
+    app.add_route("/metrics", Metrics(state, settings.metrics_token, scheduler))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
     admin_keys = AdminKeys(keys, limiter, settings.admin_token)
     app.add_route("/admin/keys", admin_keys)
@@ -223,7 +230,9 @@ def create_app(
     key_pages = DashboardKeys(keys, limiter, settings.admin_token)
     app.add_route("/dashboard/keys", key_pages)
     app.add_route("/dashboard/keys/{name}", key_pages, suffix="item")
-    _add_dashboard(app, state, keys, samples, loaded, settings.metrics_token, limiter, lifecycle.fleet)
+    _add_dashboard(
+        app, state, keys, samples, loaded, settings.metrics_token, limiter, lifecycle.fleet, scheduler
+    )
     settle_heap()
     return app
 
@@ -237,6 +246,7 @@ def _add_dashboard(
     metrics_token: str | None,
     limiter: Limiter | None,
     fleet: FleetWatch,
+    scheduler: Scheduler,
 ) -> None:
     def snapshot() -> DashboardSnapshot:
         table = state.table
@@ -250,6 +260,7 @@ def _add_dashboard(
             usage=samples.figures(),
             loaded=loaded.loaded_now(table.plan),
             fleet=fleet.words(table.plan.digest),
+            waiting=scheduler.waiting(table.models),
             healthy=_healthy(table),
             discovery_errors=tuple(g.error for g in table.groups.values() if g.error),
             replicas=replica_states(table.every_replica().values()),
@@ -275,6 +286,19 @@ def _limiter(settings: Settings, shared: Path) -> Limiter | None:
     if settings.redis_url:
         return SharedLimiter(settings.redis_url, shared, settings.redis_timeout, state=state)
     return Limiter(shared, state)
+
+
+def _scheduler(settings: Settings, shared: Path) -> Scheduler:
+    """Slots and lines shared by this instance's workers (its shared directory), and with
+    LLMGW_REDIS_URL by every instance."""
+    fair = settings.scheduler == "fair"
+    # How long a request for an on-demand model not loaded waits beside a loaded one in its
+    # Room before the loaded one is drained for it: well within LLMGW_QUEUE_WAIT.
+    patience = min(5.0, settings.queue_wait / 4)
+    store: Store = LocalStore(shared, fair, patience)
+    if settings.redis_url:
+        store = Shared(RedisStore(settings.redis_url, settings.redis_timeout, fair), store)
+    return Scheduler(store, settings.queue_wait, settings.queue_per_key)
 
 
 def _healthy(table: RouteTable) -> dict[str, bool]:

@@ -48,6 +48,8 @@ _FIELD_SENTENCES = {
     "rpm": "`rpm` must be a whole number of 1 or more; leave it out for no limit",
     "tpm": "`tpm` must be a whole number of 1 or more; leave it out for no limit",
     "expires": "`expires` must be a date, e.g. 2027-01-31",
+    "priority": "`priority` must be high, normal or low; leave it out for normal",
+    "share": "`share` must be a number greater than 0, e.g. 1 or 2.5; leave it out for 1",
     "budget": (
         "`budget` must be `{tokens: N, every: day | week | month}`, with an optional `warn_at` "
         "between 0 and 1 (e.g. 0.8)"
@@ -97,6 +99,9 @@ class Tenant:
     tpm: int | None = None
     expires: dt.date | None = None
     budget: Budget | None = None
+    # Fair scheduling (gateway/schedule/): its band when a model is busy, and its share of it.
+    priority: str = "normal"
+    share: float = 1.0
 
     def expired(self, today: dt.date | None = None) -> bool:
         # A key is good through the day it names: "expires: 2026-12-31" still works that day.
@@ -241,7 +246,16 @@ def _entry(path: Path, number: int, entry: dict[str, Any]) -> tuple[Tenant, str]
     rpm, tpm = entry.get("rpm"), entry.get("tpm")
     spec = entry.get("budget")
     budget = Budget(spec["tokens"], spec["every"], spec.get("warn_at")) if spec is not None else None
-    tenant = Tenant(entry["name"], None if models is None else tuple(models), rpm, tpm, expires, budget)
+    tenant = Tenant(
+        entry["name"],
+        None if models is None else tuple(models),
+        rpm,
+        tpm,
+        expires,
+        budget,
+        priority=entry.get("priority", "normal"),
+        share=float(entry.get("share", 1)),
+    )
     return tenant, entry["sha256"].lower()
 
 

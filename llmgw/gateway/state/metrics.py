@@ -154,6 +154,31 @@ LOAD_WAIT = Histogram(
     ["model"],
     buckets=_BUCKETS,
 )
+# Fair scheduling (gateway/schedule/): what waits for a slot, how long, and the slots in use.
+QUEUE_WAITING = Gauge(
+    "llmgw_queue_waiting",
+    "Requests waiting for a replica's slot, per model and key.",
+    ["model", "key"],
+    multiprocess_mode="livesum",
+)
+QUEUE_WAIT = Histogram(
+    "llmgw_queue_wait_seconds",
+    "Time a request waited for a slot, counted for the requests that found none free.",
+    ["model"],
+    buckets=_BUCKETS,
+)
+SLOTS_IN_USE = Gauge(
+    "llmgw_replica_slots_in_use",
+    "Requests a replica is serving now, over every worker (and instance, on Redis).",
+    ["replica"],
+    multiprocess_mode="livemostrecent",  # read from the store at each scrape (Scheduler.record)
+)
+SLOTS = Gauge(
+    "llmgw_replica_slots",
+    "Requests a replica serves at once (--parallel, --max-num-seqs): the gateway sends no more.",
+    ["replica"],
+    multiprocess_mode="livemostrecent",
+)
 UPSTREAM_ERRORS = Counter(
     "llmgw_upstream_errors",
     "Upstream failures: connect, timeout, status (5xx), broken (cut mid-answer).",

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from llmgw.engines import engine
 from llmgw.errors import PlanError
 from llmgw.gateway.api import APIS, answered_by
 from llmgw.gateway.errors import ApiError
@@ -137,6 +138,21 @@ class InFlight:
             if self.after is not None:
                 self.after()
 
+    def then(self, after: Callable[[], None]) -> None:
+        """Call `after` too when released, after what was asked before."""
+        before = self.after
+        self.after = after if before is None else _both(before, after)
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            first()
+        finally:
+            second()
+
+    return both
+
 
 @dataclass
 class PrefixCounts:
@@ -215,6 +231,7 @@ class Profile:
     replicas: tuple[Replica, ...]
     routing: str = "least-loaded"
     groups: tuple[DnsGroup, ...] = ()
+    slots: int = 4  # requests each replica serves at once (the engine's, from its args)
     prefix: PrefixCounts = field(default_factory=PrefixCounts, compare=False)
     _turns: Iterator[int] = field(default_factory=itertools.count, compare=False, repr=False)
 
@@ -386,7 +403,8 @@ class RouteTable:
             )
             groups = tuple(self._group(r.endpoint) for r in p.replicas if r.discovery == "dns")
             routing = p.routing or ("least-loaded" if planned.task in ("embedding", "rerank") else "prefix")
-            profile = Profile(p.name, p.served_name, p.weight, replicas, routing, groups)
+            slots = engine(p.engine).slots(p.args)
+            profile = Profile(p.name, p.served_name, p.weight, replicas, routing, groups, slots)
             tiers.setdefault(p.priority, []).append(profile)
         listing: dict[str, Any] = {
             "id": planned.name,
@@ -449,6 +467,16 @@ class RouteTable:
         group = self.groups.get(endpoint) or self._groups_before.get(endpoint) or DnsGroup(endpoint)
         self.groups[endpoint] = group
         return group
+
+    def slots(self) -> dict[str, int]:
+        """Requests each replica serves at once, by endpoint (its profile's engine args)."""
+        return {
+            r.endpoint: p.slots
+            for m in self.models.values()
+            for tier in m.tiers
+            for p in tier
+            for r in p.members()
+        }
 
     def every_replica(self) -> dict[str, Replica]:
         """Planned and discovered replicas by endpoint: what health checks and /metrics cover."""

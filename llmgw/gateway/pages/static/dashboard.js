@@ -46,7 +46,7 @@
     var win = document.getElementById("usage-window");
     if (win && usage.window) win.textContent = usage.window;
     var rows = document.querySelectorAll("tr[data-usage-model]");
-    var cells = { rpm: "rpm", latency: "latency", ttft: "ttft", tokens: "tokens_per_second" };
+    var cells = { rpm: "rpm", latency: "latency", ttft: "ttft", tokens: "tokens_per_second", waiting: "waiting" };
     for (var i = 0; i < rows.length; i++) {
       var u = usage.models[rows[i].getAttribute("data-usage-model")];
       if (!u) continue;

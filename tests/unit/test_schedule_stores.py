@@ -1,0 +1,190 @@
+"""The scheduler's shared state (llmgw/gateway/schedule/store.py and store_redis.py): both
+stores hold a replica to its slots, grant a freed slot by the policy, and take back the
+slots of a holder that died without giving them back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmgw.gateway.schedule.policy import Waiter
+from llmgw.gateway.schedule.store import LEASE_TTL, Ask, LocalStore, QueueFull, Store
+from llmgw.gateway.schedule.store_redis import RedisStore
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "tests" / "gateway"))
+from redis_server import RedisServer, redis_server  # noqa: E402
+
+A, B = "http://127.0.0.1:9001", "http://127.0.0.1:9002"
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server: RedisServer
+    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url
+
+
+@pytest.fixture(params=["local", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made: Store
+    if request.param == "local":
+        made = LocalStore(tmp_path)
+    else:
+        made = RedisStore(request.getfixturevalue("redis_url"))
+        made.redis.flushdb()
+    yield made
+    made.close()
+
+
+_n = iter(range(10**9))
+
+
+def ask(
+    key: str, slots: dict[str, int], since: float | None = None, band: int = 1, per_key: int = 100
+) -> Ask:
+    n = next(_n)
+    waiter = Waiter(f"t{n}", key, band, 1.0, time.time() if since is None else since, 1.0, tuple(slots))
+    return Ask("m", waiter, slots, per_key)
+
+
+def test_a_replica_is_given_no_more_than_its_slots(store: Store) -> None:
+    granted = [store.ask(ask("k", {A: 2, B: 1}))[0] for _ in range(5)]
+    assert granted[:3] == [A, A, B], "free slots are taken in routing's order"
+    assert granted[3:] == [None, None], "with every slot taken, requests wait"
+
+
+def test_a_slot_given_back_goes_to_the_key_with_least_service(store: Store) -> None:
+    held = ask("flood", {A: 1})
+    assert store.ask(held)[0] == A
+    floods = [ask("flood", {A: 1}) for _ in range(3)]
+    for f in floods:
+        assert store.ask(f)[0] is None
+    quiet = ask("quiet", {A: 1})
+    assert store.ask(quiet)[0] is None
+    woken = store.give_back("m", held.waiter.id)
+    assert woken == [floods[0].waiter.id], "the first of the flood goes first: nobody was served yet"
+    woken = store.give_back("m", floods[0].waiter.id)
+    assert woken == [quiet.waiter.id], "then the quiet key, before the rest of the flood"
+    assert store.granted("m", quiet.waiter.id) == A
+
+
+def test_a_high_band_goes_before_a_normal_flood(store: Store) -> None:
+    held = ask("flood", {A: 1})
+    store.ask(held)
+    for _ in range(3):
+        store.ask(ask("flood", {A: 1}))
+    high = ask("vip", {A: 1}, band=2)
+    store.ask(high)
+    assert store.give_back("m", held.waiter.id) == [high.waiter.id]
+
+
+def test_a_key_past_its_queue_is_refused_while_others_queue(store: Store) -> None:
+    store.ask(ask("k", {A: 1}))
+    for _ in range(2):
+        assert store.ask(ask("k", {A: 1}, per_key=2))[0] is None
+    with pytest.raises(QueueFull):
+        store.ask(ask("k", {A: 1}, per_key=2))
+    assert store.ask(ask("other", {A: 1}, per_key=2))[0] is None
+
+
+def test_a_request_that_leaves_takes_no_slot(store: Store) -> None:
+    held = ask("k", {A: 1})
+    store.ask(held)
+    leaver, next_one = ask("k", {A: 1}), ask("k", {A: 1})
+    store.ask(leaver)
+    store.ask(next_one)
+    store.leave("m", leaver.waiter.id)
+    assert store.give_back("m", held.waiter.id) == [next_one.waiter.id]
+    assert store.granted("m", leaver.waiter.id) is None
+
+
+def test_a_retry_keeps_its_place_in_line(store: Store) -> None:
+    held = ask("k", {A: 1, B: 1})
+    store.ask(held)
+    store.ask(ask("k", {A: 1, B: 1}))
+    first = time.time() - 10
+    later = ask("k", {A: 1}, since=time.time())
+    store.ask(later)
+    retry = ask("k", {A: 1}, since=first)  # asked first, came back from a failed try on B
+    store.ask(retry)
+    assert store.give_back("m", held.waiter.id) == [retry.waiter.id]
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from llmgw.gateway.schedule.policy import Waiter
+from llmgw.gateway.schedule.store import Ask, LocalStore
+from llmgw.gateway.schedule.store_redis import RedisStore
+where = sys.argv[1]
+store = RedisStore(where) if where.startswith("redis://") else LocalStore(Path(where))
+for n in range(2):
+    waiter = Waiter(f"dead{n}", "k", 1, 1.0, time.time(), 1.0, ("http://127.0.0.1:9001",))
+    assert store.ask(Ask("m", waiter, {"http://127.0.0.1:9001": 2}, 100))[0]
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("kind", ["local", "redis"])
+def test_the_slots_of_a_killed_holder_come_back(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    where = str(tmp_path) if kind == "local" else request.getfixturevalue("redis_url")
+    store: Store = LocalStore(tmp_path) if kind == "local" else RedisStore(where)
+    if isinstance(store, RedisStore):
+        store.redis.flushdb()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_HOLDER), where], stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
+        waiting = ask("k", {A: 2})
+        assert store.ask(waiting)[0] is None, "both slots are held by the other process"
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        killed = time.monotonic()
+        # Locally the dead pid is seen at once; on Redis, when its leases lapse.
+        deadline = killed + (2 if kind == "local" else LEASE_TTL + 3)
+        while store.granted("m", waiting.waiter.id) is None and time.monotonic() < deadline:
+            store.renew()  # the waiting worker's heartbeat keeps its place
+            store.dispatch("m")
+            time.sleep(0.1)
+        assert store.granted("m", waiting.waiter.id) == A, "the killed holder's slot never came back"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        store.close()
+
+
+def test_a_room_drains_the_loaded_replica_for_a_request_that_waited_its_patience(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, patience=0.3)
+    rooms = {A: "node:box", B: "node:box"}
+
+    def on(endpoint: str, model: str) -> Ask:
+        made = ask("k", {endpoint: 4})
+        return Ask(model, made.waiter, made.slots, 100, {endpoint: rooms[endpoint]})
+
+    first, second = on(A, "a"), on(A, "a")
+    assert store.ask(first)[0] == A, "an empty room takes the first request"
+    lone = on(B, "b")
+    assert store.ask(lone)[0] is None, "b waits while a has a request in flight"
+    assert store.ask(second)[0] == A, "a, loaded, keeps taking requests within b's patience"
+    time.sleep(0.35)
+    late = on(A, "a")
+    assert store.ask(late)[0] is None, "past b's patience a takes no new request"
+    store.give_back("a", first.waiter.id)
+    assert store.granted("b", lone.waiter.id) is None, "b started while a still had one in flight"
+    assert store.give_back("a", second.waiter.id) == [lone.waiter.id], "a drained, b starts"
+    assert store.granted("a", late.waiter.id) is None, "a restarted beside b"
+    store.close()
