@@ -265,12 +265,8 @@ def _indent(text: str) -> str:
     return "".join(f"  {line}" if line.strip() else line for line in text.splitlines(keepends=True))
 
 
-def _run(
-    plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: str, state_dir: Path, show_logs: bool
-) -> int:
-    plan_path = watch.plan_path
-    me = [sys.executable, "-m", "llmgw"]
-    agent_cmd = [
+def _agent_command(me: list[str], plan_path: Path, state_dir: Path, status_bind: str) -> list[str]:
+    return [
         *me,
         "node",
         "--node",
@@ -284,6 +280,27 @@ def _run(
         "--grace",
         str(GRACE_S),
     ]
+
+
+def _start(
+    command: list[str], env: dict[str, str], log: IO[bytes], show_logs: bool
+) -> subprocess.Popen[bytes]:
+    """One of up's two processes, in its own session so a Ctrl-C reaches it through up alone."""
+    return subprocess.Popen(
+        command,
+        start_new_session=True,
+        env=env,
+        preexec_fn=_children_die_with_up,
+        **_output(log, show_logs),
+    )
+
+
+def _run(
+    plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: str, state_dir: Path, show_logs: bool
+) -> int:
+    plan_path = watch.plan_path
+    me = [sys.executable, "-m", "llmgw"]
+    agent_cmd = _agent_command(me, plan_path, state_dir, status_bind)
     gateway_cmd = [*me, "serve", "--plan", str(plan_path), "--bind", bind]
     stopping = False
     events = _EngineEvents(status_bind)
@@ -314,20 +331,8 @@ def _run(
     # (a JSON line a request) and gunicorn's own lines go to files unless --logs.
     logs = {name: state_dir / f"{name}.log" for name in ("agent", "gateway")}
     with open(logs["agent"], "ab") as agent_log, open(logs["gateway"], "ab") as gateway_log:
-        agent = subprocess.Popen(
-            agent_cmd,
-            start_new_session=True,
-            env=env,
-            preexec_fn=_children_die_with_up,
-            **_output(agent_log, show_logs),
-        )
-        gateway = subprocess.Popen(
-            gateway_cmd,
-            start_new_session=True,
-            env=env,
-            preexec_fn=_children_die_with_up,
-            **_output(gateway_log, show_logs),
-        )
+        agent = _start(agent_cmd, env, agent_log, show_logs)
+        gateway = _start(gateway_cmd, env, gateway_log, show_logs)
     banner = _banner(plan, bind, status_bind, None if show_logs else logs)
     announced = False
     next_look = time.monotonic() + WATCH_INTERVAL_S

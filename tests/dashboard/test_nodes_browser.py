@@ -13,20 +13,15 @@ import httpx
 import pytest
 
 from llmgw.plan import Memory, NodeUse, OnDemandUse, PlanModel, PlanNode, PlanProfile, PlanReplica, PortRange
+from tests.dashboard import test_dashboard_browser as shared
 from tests.dashboard.plans import make_model
-from tests.dashboard.test_dashboard_browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    LIVE_TIMEOUT_MS,
-    Gateway,
-    Page,
-    write_plan,
-)
+from tests.dashboard.test_dashboard_browser import LIVE_TIMEOUT_MS, Gateway, Page, write_plan
 from tests.dashboard.upstream import FakeUpstream
 from tests.gateway.stand_in_agent import StandInAgent
 from tests.plans import plan_of
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
+# The same Chromium, started once per module as the layout tests start it.
+browser = shared.browser
 
 TOKEN = "agent-token-for-dashboard-tests"
 
@@ -78,18 +73,6 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gateway]
         gw.close()
         upstream.close()
         agent.close()
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed (.ci/run installs Debian's chromium)")
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 BAR = """(node) => {

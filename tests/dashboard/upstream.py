@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.conftest import QUICK_SHUTDOWN
+
 
 class FakeUpstream:
     def __init__(self, host: str = "127.0.0.1") -> None:
@@ -26,7 +28,7 @@ class FakeUpstream:
 
         self._server = ThreadingHTTPServer((host, 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True)
         self._thread.start()
         port = self._server.server_address[1]
         self.endpoint = f"http://{host}:{port}"

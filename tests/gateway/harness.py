@@ -264,6 +264,35 @@ class Load:
             t.join(30)
 
 
+def ask_as(gw: Gateway, key: str, **body: object) -> httpx.Response:
+    """A chat request with `key` (model `chat` unless `body` says), on a new connection each
+    time, so the kernel spreads requests over the workers."""
+    return httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], **body},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+
+
+def at_once(clients: int, send: Callable[[], int]) -> list[int]:
+    """`clients` threads each sending one request at the same time; their statuses."""
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        status = send()
+        with lock:
+            statuses.append(status)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
 def wait_until(check: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None

@@ -9,13 +9,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+
+from tests.conftest import serve_on_loopback
 
 
 @dataclass
@@ -104,13 +106,5 @@ def otlp_receiver() -> Iterator[Receiver]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    receiver.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serve_on_loopback(Handler) as receiver.url:
         yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()

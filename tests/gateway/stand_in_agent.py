@@ -14,6 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import QUICK_SHUTDOWN
+
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 
 
@@ -40,7 +42,7 @@ class StandInAgent:
         self.ready: dict[str, threading.Event] = {}
         self.server = _Server(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True).start()
 
     def _starting(self, endpoint: str) -> threading.Event:
         """Set once the engine at `endpoint` is ready; its start begun by the first to ask."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harness import Engine, Gateway, gateway, key_digest, model, plan, profile, write_plan
+from harness import Engine, Gateway, ask_as, gateway, key_digest, model, plan, profile, write_plan
 from redis_server import RedisServer, redis_server
 
 DAILY, MONTHLY, BURST, WARNED = "sk-daily", "sk-monthly", "sk-burst", "sk-warned"
@@ -44,15 +44,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine) -> Iterator[G
         yield g
 
 
-def post(gw: Gateway, key: str, **body: object) -> httpx.Response:
-    return httpx.post(
-        gw.url + "/v1/chat/completions",
-        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], **body},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=30,
-    )
-
-
 def spend(gw: Gateway, name: str) -> dict[str, object]:
     doc = httpx.get(gw.url + f"/admin/keys/{name}", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
     return dict(doc.json()["budget"])
@@ -64,7 +55,7 @@ def next_midnight() -> str:
 
 
 def test_every_answer_counts_the_budget_down(gw: Gateway) -> None:
-    answers = [post(gw, DAILY, stream=i == 1) for i in range(3)]
+    answers = [ask_as(gw, DAILY, stream=i == 1) for i in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 200]
     remaining = [int(a.headers["x-llmgw-budget-remaining-tokens"]) for a in answers]
     # The fake engine's answers use 7 tokens; a stream, 3 of prompt and one a chunk (3).
@@ -74,9 +65,9 @@ def test_every_answer_counts_the_budget_down(gw: Gateway) -> None:
 
 
 def test_a_spent_budget_is_refused_with_when_it_resets(gw: Gateway) -> None:
-    assert post(gw, MONTHLY).status_code == 200  # 0 of 10 used: admitted, uses 7
-    assert post(gw, MONTHLY).status_code == 200  # 7 of 10: admitted; one may go past by its size
-    refused = post(gw, MONTHLY)
+    assert ask_as(gw, MONTHLY).status_code == 200  # 0 of 10 used: admitted, uses 7
+    assert ask_as(gw, MONTHLY).status_code == 200  # 7 of 10: admitted; one may go past by its size
+    refused = ask_as(gw, MONTHLY)
     today = dt.datetime.now(dt.UTC).date()
     first = (today.replace(day=1) + dt.timedelta(days=32)).replace(day=1).isoformat() + "T00:00:00Z"
     assert refused.status_code == 429, refused.text
@@ -95,7 +86,7 @@ def burst(gateways: list[Gateway], key: str, requests: int) -> list[int]:
     lock = threading.Lock()
 
     def one(i: int) -> None:
-        status = post(gateways[i % len(gateways)], key, max_tokens=4, fake_delay_first=0.5).status_code
+        status = ask_as(gateways[i % len(gateways)], key, max_tokens=4, fake_delay_first=0.5).status_code
         with lock:
             statuses.append(status)
 
@@ -119,7 +110,7 @@ def test_a_concurrent_burst_is_held_to_the_budget(gw: Gateway) -> None:
 
 def test_crossing_warn_at_logs_one_warning_and_metrics_show_the_fraction(gw: Gateway) -> None:
     for _ in range(5):
-        post(gw, WARNED)
+        ask_as(gw, WARNED)
     lines = [line for line in gw.log().splitlines() if "warn_at" in line]
     assert len(lines) == 1 and "'warned'" in lines[0], lines
     scraped = httpx.get(gw.url + "/metrics", headers=gw.probe_headers(), timeout=10).text
@@ -133,11 +124,11 @@ def test_a_restart_keeps_the_spend_in_the_state_directory(tmp_path: Path, engine
     }
     path = plan_file(tmp_path, engine_a)
     with gateway(path, **env) as first:
-        assert post(first, DAILY).status_code == 200
-        assert post(first, DAILY).status_code == 200
+        assert ask_as(first, DAILY).status_code == 200
+        assert ask_as(first, DAILY).status_code == 200
     assert (tmp_path / "xdg" / "llmgw" / "llmgw-state.sqlite").is_file()
     with gateway(path, **env) as again:
-        answer = post(again, DAILY)
+        answer = ask_as(again, DAILY)
     remaining = answer.headers["x-llmgw-budget-remaining-tokens"]
     assert remaining == "986", "the 14 tokens spent before the restart count"
 
@@ -159,8 +150,8 @@ def test_two_instances_share_the_spend_on_redis(
     }
     path = plan_file(tmp_path, engine_a)
     with gateway(path, **env) as one, gateway(path, **env) as two:
-        assert post(one, DAILY).status_code == 200
-        assert post(two, DAILY).headers["x-llmgw-budget-remaining-tokens"] == "993"
+        assert ask_as(one, DAILY).status_code == 200
+        assert ask_as(two, DAILY).headers["x-llmgw-budget-remaining-tokens"] == "993"
         statuses = burst([one, two], BURST, 16)
         admitted = statuses.count(200)
         assert 1 <= admitted and spend(one, "burst")["used"] == spend(two, "burst")["used"] == 7 * admitted

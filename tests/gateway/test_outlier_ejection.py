@@ -14,10 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import Engine, Gateway, dead_endpoint, gateway, model, plan, profile, write_plan
+from harness import Engine, Gateway, dead_endpoint, gateway, model, plan, profile, wait_until, write_plan
 
 EJECT_AFTER = 3
-EJECT_TIME = 3.0  # long enough for the requests a test makes while it lasts, on a busy machine
+# Long enough for the twenty-odd requests a test makes while it lasts, on a busy machine: at
+# 3 s, a loaded 2-core machine now and then let it run out mid-test, the replica came back on
+# trial and took a request the test said it must not. The tests wait for the trial itself
+# (`on_trial`), not a fixed time, so a longer ejection costs only its own length.
+EJECT_TIME = 8.0
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +71,15 @@ def replica_state(gw: Gateway, model_name: str, endpoint: str) -> dict[str, Any]
     return dict(profiles["p"]["replicas"][endpoint])
 
 
+def on_trial(gw: Gateway, model_name: str, endpoint: str) -> None:
+    """Wait out the ejection: until the gateway says the replica is back on trial."""
+    wait_until(
+        lambda: replica_state(gw, model_name, endpoint)["state"] == "on trial",
+        EJECT_TIME + 30,
+        f"{endpoint} back on trial after its ejection",
+    )
+
+
 def test_a_replica_failing_real_requests_is_ejected_though_its_health_check_passes(
     gw: Gateway, engine_a: Engine, engine_failing: Engine
 ) -> None:
@@ -85,7 +98,7 @@ def test_a_replica_failing_real_requests_is_ejected_though_its_health_check_pass
     assert engine_failing.stats()["requests"] == before, "an ejected replica was still sent requests"
 
     # Back on trial after the ejection time: one request, which fails, and it is out for twice as long.
-    time.sleep(EJECT_TIME + 0.2)
+    on_trial(gw, "mixed", engine_failing.url)
     for _ in range(5):
         assert ask(gw, "mixed").status_code == 200
     assert engine_failing.stats()["requests"] == before + 1, "on trial, a replica takes one request first"
@@ -100,7 +113,7 @@ def test_a_replica_whose_trial_request_succeeds_returns_to_full_traffic(
     for _ in range(4 * EJECT_AFTER):
         assert ask(gw, "flaky", fake_status=503, fake_only="a").status_code == 200
     assert replica_state(gw, "flaky", engine_a.url)["state"] == "ejected"
-    time.sleep(EJECT_TIME + 0.2)
+    on_trial(gw, "flaky", engine_a.url)
     before = engine_a.stats()["requests"]
     for _ in range(6):
         assert ask(gw, "flaky").status_code == 200

@@ -3,17 +3,34 @@ from the engines' usage."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from harness import Engine, Gateway, gateway, key_digest, model, plan, profile, wait_until, write_plan
+from harness import (
+    Engine,
+    Gateway,
+    ask_as,
+    at_once,
+    gateway,
+    key_digest,
+    model,
+    plan,
+    profile,
+    wait_until,
+    write_plan,
+)
+
+from llmgw.gateway.request.limits import FILE_NAME
 
 BURST, TOKENS, METERED, HANGUP, MANY = "sk-burst", "sk-tokens", "sk-metered", "sk-hangup", "sk-many"
 ADMIN = "admin-secret"
@@ -54,23 +71,13 @@ def served(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine) -> Iterat
         yield gw
 
 
-def post(gw: Gateway, key: str, **body: object) -> httpx.Response:
-    # A new connection each time, so the kernel spreads requests over both workers.
-    return httpx.post(
-        gw.url + "/v1/chat/completions",
-        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], **body},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=30,
-    )
-
-
 def test_requests_per_minute_hold_across_workers_under_concurrent_load(served: Gateway) -> None:
     statuses: list[int] = []
     lock = threading.Lock()
 
     def client() -> None:
         for _ in range(10):
-            status = post(served, BURST, stream=len(statuses) % 2 == 0).status_code
+            status = ask_as(served, BURST, stream=len(statuses) % 2 == 0).status_code
             with lock:
                 statuses.append(status)
 
@@ -85,8 +92,8 @@ def test_requests_per_minute_hold_across_workers_under_concurrent_load(served: G
 
 
 def test_a_429_is_in_openais_shape_with_retry_after_and_ratelimit_headers(served: Gateway) -> None:
-    wait_until(lambda: post(served, BURST).status_code == 429, 10, "the burst key to be over its limit")
-    answer = post(served, BURST)
+    wait_until(lambda: ask_as(served, BURST).status_code == 429, 10, "the burst key to be over its limit")
+    answer = ask_as(served, BURST)
     assert answer.status_code == 429
     error = answer.json()["error"]
     assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
@@ -99,7 +106,7 @@ def test_a_429_is_in_openais_shape_with_retry_after_and_ratelimit_headers(served
 
 
 def test_the_openai_client_reads_the_429(served: Gateway) -> None:
-    wait_until(lambda: post(served, BURST).status_code == 429, 10, "the burst key to be over its limit")
+    wait_until(lambda: ask_as(served, BURST).status_code == 429, 10, "the burst key to be over its limit")
     client = openai.OpenAI(base_url=served.url + "/v1", api_key=BURST, max_retries=0)
     with pytest.raises(openai.RateLimitError) as caught:
         client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
@@ -108,7 +115,7 @@ def test_the_openai_client_reads_the_429(served: Gateway) -> None:
 
 
 def test_an_admitted_request_says_what_is_left(served: Gateway) -> None:
-    answer = post(served, MANY)
+    answer = ask_as(served, MANY)
     assert answer.status_code == 200
     assert answer.headers["x-ratelimit-limit-requests"] == "1000"
     assert int(answer.headers["x-ratelimit-remaining-requests"]) < 1000
@@ -116,9 +123,9 @@ def test_an_admitted_request_says_what_is_left(served: Gateway) -> None:
 
 def test_tokens_per_minute_count_the_engines_usage(served: Gateway) -> None:
     # Each answer uses 7 tokens (3 + 4): admitted at 0, 7 and 14 used; refused at 21.
-    statuses = [post(served, TOKENS).status_code for _ in range(5)]
+    statuses = [ask_as(served, TOKENS).status_code for _ in range(5)]
     assert statuses == [200, 200, 200, 429, 429], statuses
-    answer = post(served, TOKENS)
+    answer = ask_as(served, TOKENS)
     assert answer.json()["error"]["type"] == "tokens"
     assert answer.headers["x-ratelimit-limit-tokens"] == "20"
     assert answer.headers["x-ratelimit-remaining-tokens"] == "0"
@@ -145,7 +152,7 @@ def events(answer: httpx.Response) -> list[dict[str, object]]:
 def test_a_stream_is_counted_and_its_usage_event_kept_from_a_client_that_did_not_ask(
     served: Gateway,
 ) -> None:
-    answer = post(served, METERED, stream=True)
+    answer = ask_as(served, METERED, stream=True)
     assert answer.status_code == 200
     got = events(answer)
     assert got and all(e["choices"] for e in got), f"a usage-only event reached the client: {got}"
@@ -159,7 +166,7 @@ def test_a_stream_is_counted_and_its_usage_event_kept_from_a_client_that_did_not
 
 
 def test_a_client_that_asked_for_usage_gets_it(served: Gateway) -> None:
-    answer = post(served, METERED, stream=True, stream_options={"include_usage": True})
+    answer = ask_as(served, METERED, stream=True, stream_options={"include_usage": True})
     last = events(answer)[-1]
     assert last["choices"] == [] and last["usage"] == {
         "prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6
@@ -168,7 +175,7 @@ def test_a_client_that_asked_for_usage_gets_it(served: Gateway) -> None:
 
 def test_requests_are_counted_per_model_key_and_status(served: Gateway) -> None:
     before = metric(served, "llmgw_requests_total", model="chat", key="metered", status="200")
-    post(served, METERED)
+    ask_as(served, METERED)
     wait_until(
         lambda: metric(served, "llmgw_requests_total", model="chat", key="metered", status="200")
         == before + 1,
@@ -211,35 +218,23 @@ def test_concurrent_requests_reserve_their_maximum_so_tpm_holds(served: Gateway)
     # Each request may write 100 tokens (the model's max_output): reserved at admission,
     # three fill the key's 300 while they run, and the rest are refused. Counted only at
     # the end, all twenty were let in.
-    statuses: list[int] = []
-    lock = threading.Lock()
-
-    def client() -> None:
-        status = post(served, RESERVED, model="capped", fake_delay_first=1.5).status_code
-        with lock:
-            statuses.append(status)
-
-    threads = [threading.Thread(target=client) for _ in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    statuses = at_once(20, lambda: ask_as(served, RESERVED, model="capped", fake_delay_first=1.5).status_code)
     admitted = statuses.count(200)
     assert 1 <= admitted <= 4, f"tpm 300 with 100-token answers let {admitted} of 20 through"
     assert statuses.count(429) == 20 - admitted, statuses
 
 
 def test_a_404s_hint_names_only_models_the_key_may_use(served: Gateway) -> None:
-    answer = post(served, SCOPED, model="secret-modle")
+    answer = ask_as(served, SCOPED, model="secret-modle")
     assert answer.status_code == 404
     message = answer.json()["error"]["message"]
     assert "secret-model" not in message, f"the 404 named a model the key may not use: {message}"
-    answer = post(served, METERED, model="secret-modle")
+    answer = ask_as(served, METERED, model="secret-modle")
     assert "secret-model" in answer.json()["error"]["message"], "an unscoped key is still helped"
 
 
 def test_admin_keys_shows_a_keys_limits_and_usage(served: Gateway) -> None:
-    assert post(served, MANY).status_code == 200
+    assert ask_as(served, MANY).status_code == 200
     admin = {"Authorization": f"Bearer {ADMIN}"}
 
     def doc() -> Any:
@@ -262,10 +257,10 @@ def test_admin_keys_shows_a_keys_limits_and_usage(served: Gateway) -> None:
 def test_the_openai_clients_retry_waits_as_retry_after_says_and_then_succeeds(served: Gateway) -> None:
     # rpm 1: the window frees 60s after the first request. Asked again 3s before that,
     # the gateway says Retry-After: 3, and the client's own retry gets through. (The client
-    # honours Retry-After only up to 60s, so the test must wait most of a minute.)
+    # honours Retry-After only up to 60s, so the request must be most of a minute old.)
     started = time.monotonic()
-    assert post(served, PATIENT).status_code == 200
-    time.sleep(max(0.0, started + 57 - time.monotonic()))
+    assert ask_as(served, PATIENT).status_code == 200
+    age_the_keys_last_minute(served, "patient", started + 57 - time.monotonic())
     client = openai.OpenAI(base_url=served.url + "/v1", api_key=PATIENT, max_retries=1)
     asked = time.monotonic()
     raw = client.chat.completions.with_raw_response.create(
@@ -275,6 +270,16 @@ def test_the_openai_clients_retry_waits_as_retry_after_says_and_then_succeeds(se
     assert raw.http_response.status_code == 200
     assert raw.retries_taken == 1, "the first try was refused 429 and the retry got through"
     assert 1.5 <= waited <= 10, f"the client waited {waited:.1f}s; Retry-After said about 3"
+
+
+def age_the_keys_last_minute(gw: Gateway, name: str, seconds: float) -> None:
+    """As if `seconds` had passed for the key's limits: its counted requests made that much
+    older, in the file where the workers count them (limits.py). Waiting the minute out
+    took 57 s of the suite; the gateway still reads its own clock and computes Retry-After."""
+    counts = Path(gw.env["PROMETHEUS_MULTIPROC_DIR"]) / FILE_NAME
+    with contextlib.closing(sqlite3.connect(counts, timeout=10)) as db, db:
+        moved = db.execute("UPDATE used SET at = at - ? WHERE key = ?", (max(0.0, seconds), name))
+        assert moved.rowcount >= 1, f"no requests of {name!r} counted in {counts}"
 
 
 def test_a_listed_origins_page_may_call_the_api_with_its_preflight_needing_no_key(served: Gateway) -> None:

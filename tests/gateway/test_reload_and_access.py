@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -47,17 +48,32 @@ def plan_on(url: str, served: str = "chat") -> Plan:
     )
 
 
-@pytest.fixture
-def served(tmp_path: Path, engine_a: Engine) -> Iterator[tuple[Gateway, Plan]]:
+@contextlib.contextmanager
+def _serve(where: Path, engine_a: Engine) -> Iterator[tuple[Gateway, Plan]]:
     doc = plan_on(engine_a.url)
-    path = tmp_path / "plan.json"
+    path = where / "plan.json"
     write_plan(path, doc)
-    keys = tmp_path / "keys.txt"
+    keys = where / "keys.txt"
     keys.write_text(f"# test keys\n{key_digest(KEY)}\n")
     with gateway(
         path, LLMGW_API_KEYS_FILE=str(keys), LLMGW_ADMIN_TOKEN=ADMIN, LLMGW_MAX_BODY_BYTES="65536"
     ) as gw:
         yield gw, doc
+
+
+@pytest.fixture
+def served(tmp_path: Path, engine_a: Engine) -> Iterator[tuple[Gateway, Plan]]:
+    """A gateway of its own, for a test that replaces or refuses its plan."""
+    with _serve(tmp_path, engine_a) as both:
+        yield both
+
+
+@pytest.fixture(scope="module")
+def steady(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine) -> Iterator[tuple[Gateway, Plan]]:
+    """One gateway for the tests that only ask it (keys, tokens, spellings): its plan is never
+    replaced, so each need not wait for a gunicorn of its own to start."""
+    with _serve(tmp_path_factory.mktemp("steady"), engine_a) as both:
+        yield both
 
 
 def auth() -> dict[str, str]:
@@ -216,8 +232,8 @@ def test_a_request_in_flight_finishes_on_the_replica_it_started_on(
     assert all('"system_fingerprint": "a"' in line for line in rest[:-1])
 
 
-def test_v1_needs_a_listed_api_key(served: tuple[Gateway, Plan]) -> None:
-    gw, _ = served
+def test_v1_needs_a_listed_api_key(steady: tuple[Gateway, Plan]) -> None:
+    gw, _ = steady
     url = gw.url + "/v1/models"
     assert httpx.get(url, timeout=10).status_code == 401
     wrong = httpx.get(url, headers={"Authorization": "Bearer sk-wrong"}, timeout=10)
@@ -258,9 +274,9 @@ ODD_SPELLINGS = [
 
 @pytest.mark.parametrize(("method", "target", "model_name"), ODD_SPELLINGS)
 def test_no_spelling_of_a_v1_path_skips_the_key_check(
-    served: tuple[Gateway, Plan], method: str, target: str, model_name: str | None
+    steady: tuple[Gateway, Plan], method: str, target: str, model_name: str | None
 ) -> None:
-    gw, doc = served
+    gw, doc = steady
     body = b""
     if model_name == "chat":
         body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -277,8 +293,8 @@ def test_no_spelling_of_a_v1_path_skips_the_key_check(
     assert f"{DIGEST_HEADER.lower()}: {doc.digest}" in text.lower()
 
 
-def test_odd_spellings_are_counted_in_the_request_metrics(served: tuple[Gateway, Plan]) -> None:
-    gw, _ = served
+def test_odd_spellings_are_counted_in_the_request_metrics(steady: tuple[Gateway, Plan]) -> None:
+    gw, _ = steady
 
     def refused_count() -> float:
         text = httpx.get(gw.url + "/metrics", timeout=10).text
@@ -297,9 +313,9 @@ def test_odd_spellings_are_counted_in_the_request_metrics(served: tuple[Gateway,
 
 @pytest.mark.parametrize("target", ["//admin/plan", "/%2Fadmin/plan", "http://h//admin/plan"])
 def test_no_spelling_of_the_admin_path_skips_the_admin_token(
-    served: tuple[Gateway, Plan], target: str
+    steady: tuple[Gateway, Plan], target: str
 ) -> None:
-    gw, doc = served
+    gw, doc = steady
     for headers in ({}, auth(), {"Authorization": "Bearer wrong"}):
         status, text = raw_request(gw.url, "GET", target, headers)
         assert status == 401, f"GET {target} with {headers} was answered:\n{text}"
@@ -309,8 +325,8 @@ def test_no_spelling_of_the_admin_path_skips_the_admin_token(
     assert status == 200, text
 
 
-def test_the_bearer_scheme_is_case_insensitive(served: tuple[Gateway, Plan]) -> None:
-    gw, _ = served
+def test_the_bearer_scheme_is_case_insensitive(steady: tuple[Gateway, Plan]) -> None:
+    gw, _ = steady
     for scheme in ("bearer", "BEARER"):
         key = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"{scheme} {KEY}"}, timeout=10)
         assert key.status_code == 200, f"`{scheme} KEY` refused: {key.text}"
@@ -338,8 +354,8 @@ def test_metrics_forget_the_old_plans_digest_and_the_replicas_it_alone_listed(
     assert not stale, f"series for what is no longer served: {stale}"
 
 
-def test_admin_needs_the_admin_token(served: tuple[Gateway, Plan]) -> None:
-    gw, doc = served
+def test_admin_needs_the_admin_token(steady: tuple[Gateway, Plan]) -> None:
+    gw, doc = steady
     for headers in ({}, auth(), {"Authorization": "Bearer wrong"}):
         answer = httpx.post(gw.url + "/admin/plan", json=doc.doc, headers=headers, timeout=10)
         assert answer.status_code == 401
@@ -370,8 +386,8 @@ def test_deploy_serves_a_good_plan_and_refuses_a_bad_one(
     assert httpx.get(gw.url + "/readyz", timeout=10).json()["digest"] == new.digest
 
 
-def test_a_chunked_deploy_over_the_body_limit_is_413(served: tuple[Gateway, Plan]) -> None:
-    gw, doc = served
+def test_a_chunked_deploy_over_the_body_limit_is_413(steady: tuple[Gateway, Plan]) -> None:
+    gw, doc = steady
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit must be counted
         for _ in range(20):
@@ -389,9 +405,9 @@ def test_a_chunked_deploy_over_the_body_limit_is_413(served: tuple[Gateway, Plan
 
 
 def test_the_official_openai_client_works_against_the_gateway(
-    served: tuple[Gateway, Plan],
+    steady: tuple[Gateway, Plan],
 ) -> None:
-    gw, _ = served
+    gw, _ = steady
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
     assert {m.id for m in client.models.list()} == {"chat", "embed"}
     reply = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}])

@@ -20,6 +20,7 @@ from harness import (
     ROOT,
     Engine,
     Gateway,
+    ask_as,
     free_port,
     gateway,
     key_digest,
@@ -76,16 +77,6 @@ def pair(
         yield one, two
 
 
-def post(gw: Gateway, key: str, **body: object) -> httpx.Response:
-    # A new connection each time, so the kernel spreads requests over both workers.
-    return httpx.post(
-        gw.url + "/v1/chat/completions",
-        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], **body},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=30,
-    )
-
-
 def load(gateways: tuple[Gateway, Gateway], key: str, per_client: int, clients: int = 8) -> list[int]:
     """`clients` threads, half on each instance, each sending `per_client` requests."""
     statuses: list[int] = []
@@ -93,7 +84,7 @@ def load(gateways: tuple[Gateway, Gateway], key: str, per_client: int, clients: 
 
     def client(gw: Gateway) -> None:
         for i in range(per_client):
-            status = post(gw, key, stream=i % 2 == 0).status_code
+            status = ask_as(gw, key, stream=i % 2 == 0).status_code
             with lock:
                 statuses.append(status)
 
@@ -120,7 +111,7 @@ def test_a_key_gets_exactly_its_rpm_over_two_instances_under_concurrent_load(
 
 def test_usage_totals_are_summed_over_both_instances(pair: tuple[Gateway, Gateway]) -> None:
     admin = {"Authorization": f"Bearer {ADMIN}"}
-    if post(pair[0], BURST).status_code != 429:  # run alone: spend the key first
+    if ask_as(pair[0], BURST).status_code != 429:  # run alone: spend the key first
         load(pair, BURST, per_client=10)
 
     def totals(gw: Gateway) -> Any:
@@ -138,9 +129,9 @@ def test_usage_totals_are_summed_over_both_instances(pair: tuple[Gateway, Gatewa
 def test_a_key_gets_its_tpm_over_two_instances(pair: tuple[Gateway, Gateway]) -> None:
     # Each answer uses 7 tokens: admitted at 0, 7 and 14 used, wherever each landed; refused
     # at 21 by either instance.
-    statuses = [post(gw, TOKENS).status_code for gw in itertools.islice(itertools.cycle(pair), 6)]
+    statuses = [ask_as(gw, TOKENS).status_code for gw in itertools.islice(itertools.cycle(pair), 6)]
     assert statuses == [200, 200, 200, 429, 429, 429], statuses
-    answer = post(pair[1], TOKENS)
+    answer = ask_as(pair[1], TOKENS)
     assert answer.json()["error"]["type"] == "tokens"
     assert answer.headers["x-ratelimit-remaining-tokens"] == "0"
 
@@ -159,7 +150,7 @@ def test_redis_stopped_under_load_fails_no_request_and_shared_counting_resumes_w
 
     def client(gw: Gateway) -> None:
         while not done.is_set():
-            statuses.append(post(gw, STEADY).status_code)
+            statuses.append(ask_as(gw, STEADY).status_code)
 
     threads = [threading.Thread(target=client, args=(pair[i % 2],)) for i in range(4)]
     for t in threads:
@@ -202,7 +193,7 @@ def test_a_redis_that_stops_answering_costs_a_request_at_most_its_read_timeout(
         took = []
         for gw in itertools.islice(itertools.cycle(pair), 20):
             start = time.monotonic()
-            assert post(gw, STEADY).status_code == 200
+            assert ask_as(gw, STEADY).status_code == 200
             took.append(time.monotonic() - start)
         # One wait for an answer per worker, then 3 s without asking: a request pays at most
         # the timeout (and the machine's own slowness).
@@ -348,7 +339,7 @@ def test_a_redis_reply_of_the_wrong_shape_is_redis_unavailable(
         if "HELLO" in shape:
             assert warning is not None and "LLMGW_REDIS_URL" in warning, warning
         with gateway(path, LLMGW_KEYS_FILE=str(keys), LLMGW_REDIS_URL=fake.url) as gw:
-            statuses = [post(gw, "sk-a").status_code for _ in range(4)]
+            statuses = [ask_as(gw, "sk-a").status_code for _ in range(4)]
             assert statuses == [200, 200, 200, 429], f"counted locally, rpm 3 holds: {statuses}"
             for ready in gw.every_worker(lambda r: "limits" in r, 30, "its limits").values():
                 assert ready["status"] == "ready" and ready["limits"]["state"] == "degraded", ready

@@ -5,13 +5,24 @@ keep whole."""
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from harness import Engine, Gateway, gateway, key_digest, model, plan, profile, wait_until, write_plan
+from harness import (
+    Engine,
+    Gateway,
+    ask_as,
+    at_once,
+    gateway,
+    key_digest,
+    model,
+    plan,
+    profile,
+    wait_until,
+    write_plan,
+)
 
 CUT, BURST, LARGE = "sk-cut", "sk-burst", "sk-large"
 
@@ -101,27 +112,9 @@ def test_a_burst_asking_n_predict_beyond_max_tokens_is_admitted_only_up_to_the_t
     # each, two fill the key's 1000 while they run. Reserved as max_tokens' 1, all twenty
     # were let in. (An answer that ends settles its reservation at the 7 tokens it used, so
     # a thread started late on a loaded machine may get in too: hence the long answers.)
-    statuses: list[int] = []
-    lock = threading.Lock()
-
-    def client() -> None:
-        status = httpx.post(
-            served.url + "/v1/chat/completions",
-            json={
-                "model": "chat", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 1, "n_predict": 500, "fake_delay_first": 4,
-            },  # fmt: skip
-            headers={"Authorization": f"Bearer {BURST}"},
-            timeout=30,
-        ).status_code
-        with lock:
-            statuses.append(status)
-
-    threads = [threading.Thread(target=client) for _ in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    statuses = at_once(
+        20, lambda: ask_as(served, BURST, max_tokens=1, n_predict=500, fake_delay_first=4).status_code
+    )
     admitted = statuses.count(200)
     assert 1 <= admitted <= 4, f"tpm 1000 with 500-token answers let {admitted} of 20 through"
     assert statuses.count(429) == 20 - admitted, statuses

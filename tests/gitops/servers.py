@@ -6,13 +6,14 @@ Each keeps what it was sent, so a test can say what a reviewer or the gateway wo
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl
+
+from tests.conftest import serve_on_loopback
 
 # What a handler answers: status and JSON body, and optionally response headers.
 Answer = tuple[int, Any] | tuple[int, Any, dict[str, str]]
@@ -130,12 +131,5 @@ def serve(app: FakeGitea | FakeGateway) -> Iterator[FakeGitea | FakeGateway]:
         def log_message(self, format: str, *args: Any) -> None:  # keep pytest output clean
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    app.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serve_on_loopback(Handler) as app.url:
         yield app
-    finally:
-        server.shutdown()
-        server.server_close()

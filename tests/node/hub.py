@@ -13,6 +13,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.conftest import QUICK_SHUTDOWN
+
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -39,7 +41,7 @@ class Hub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True)
 
     def __enter__(self) -> Hub:
         self.thread.start()

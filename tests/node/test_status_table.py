@@ -4,14 +4,14 @@ its log is when the message is not enough."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from click.testing import CliRunner
 
 from llmgw.cli import main
+from tests.conftest import serve_on_loopback
 
 STATUS = {
     "node": "local",
@@ -51,14 +51,8 @@ def agent_url() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_on_loopback(Handler) as url:
+        yield url
 
 
 def test_the_table_names_each_engines_log_file(agent_url: str) -> None:

@@ -4,11 +4,10 @@ that counts what it served. Nothing leaves the machine."""
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from llmgw.errors import InspectError
 from llmgw.fetch import FIRST_RANGE
 from llmgw.inspect import inspect
+from tests.conftest import serve_on_loopback
 from tests.unit.gguf_files import header_length, write_gguf
 
 CHUNK = 64 * 1024
@@ -81,16 +81,8 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def hub() -> Iterator[Hub]:
     state = Hub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serve_on_loopback(_handler(state)) as state.url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _header_of(path: Path) -> bytes:

@@ -59,6 +59,7 @@ from llmgw.gateway.request.lease import AgentSilent, Leases
 from llmgw.gateway.request.limits import Limiter, Window
 from llmgw.gateway.request.line import take_slot, ticket_for
 from llmgw.gateway.request.prefix import prefix_key
+from llmgw.gateway.request.refusals import AgentDidNotAnswer, NotReady, budget_spent, none_answered
 from llmgw.gateway.request.relay import (
     Answer,
     Outgoing,
@@ -110,16 +111,6 @@ FALLBACK_HEADER = "x-llmgw-fallback"
 PRIORITY_HEADER = "x-llmgw-priority"
 # How long the answer waited for a replica's slot, on the answers that waited at all.
 QUEUE_WAIT_HEADER = "x-llmgw-queue-wait-ms"
-
-
-class _NotReady(str):
-    """Why a replica did not take a request, when it answered 503: llama.cpp and vLLM say
-    so while they load the weights. Not ready yet, not broken: when every replica says it,
-    the client is told to come back (503, Retry-After), not that they failed (502)."""
-
-
-class _AgentSilent(_NotReady):
-    """Why an on-demand replica did not take a request: its node's agent does not answer."""
 
 
 class Proxy:
@@ -416,7 +407,7 @@ class Proxy:
                     if faulted is not None:
                         ctx.ttfb = time.perf_counter() - ctx.start
                         return faulted
-                    raise _budget_spent(model, last)
+                    raise budget_spent(model, last)
                 tried += 1
                 if ticket is None:
                     profile, replica = candidates.pop(0)
@@ -424,16 +415,11 @@ class Proxy:
                     profile, replica = await take_slot(ticket, candidates, watch, ctx.table.plan)
                 if tried > 1:
                     tracing.retried(replica.endpoint, last)
-                served = profile.served_name
-                if served == requested:
-                    content = body
-                else:
-                    content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
-                    rewritten[served] = content
+                content = _named(profile.served_name, requested, body, request, rewritten)
                 answer = await self._ask(model, replica, Outgoing(self.kind, headers, content), watch, ticket)
                 if isinstance(answer, str):  # not taken: why
                     last = answer
-                    not_ready += isinstance(answer, _NotReady)
+                    not_ready += isinstance(answer, NotReady)
                     continue
                 status = answer.upstream.status_code
                 if status >= 500:
@@ -462,45 +448,7 @@ class Proxy:
             # error says more than a 502 would.
             ctx.ttfb = time.perf_counter() - ctx.start
             return faulted
-        raise self._none_answered(model, tried, not_ready, last)
-
-    def _none_answered(self, model: Model, tried: int, not_ready: int, last: str) -> ApiError:
-        """Why no replica answered: none in rotation, every one still loading, or every one failed."""
-        if not tried:
-            return ApiError(
-                503,
-                f"No replica of {model.name} is in rotation right now"
-                + ("" if model.has_replicas() else " (the plan places none)")
-                + f". Retry in {self.retry_after}s; /dashboard shows replica health.",
-                type="service_unavailable",
-                code="no_healthy_replica",
-                headers={"Retry-After": self.retry_after},
-            )
-        if isinstance(last, _AgentSilent) and not_ready == tried:
-            raise ApiError(
-                503,
-                f"{model.name} starts on demand, and {last} Retry in {self.retry_after}s; "
-                "start `llmgw node` there (or make it reachable), or place the model on another node.",
-                type="service_unavailable",
-                code="agent_unreachable",
-                headers={"Retry-After": self.retry_after},
-            )
-        if not_ready == tried:
-            return ApiError(
-                503,
-                f"{model.name} is not ready yet: its engine is still loading ({last}). "
-                f"Retry in {self.retry_after}s; /dashboard shows when it is in rotation.",
-                type="service_unavailable",
-                code="model_not_ready",
-                headers={"Retry-After": self.retry_after},
-            )
-        return ApiError(
-            502,
-            f"Every replica of {model.name} failed ({tried} tried; last: {last}). "
-            "Retry shortly; if it persists, the engines need attention.",
-            type="upstream_error",
-            code="upstream_unreachable",
-        )
+        raise none_answered(model, tried, not_ready, last, self.retry_after)
 
     async def _ask(
         self, model: Model, replica: Replica, outgoing: Outgoing, watch: Disconnect, ticket: Ticket | None
@@ -515,7 +463,7 @@ class Proxy:
             self.outliers.failed(model, replica, f"request failed: {type(exc).__name__}")
             return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
         except AgentSilent as exc:
-            return _AgentSilent(str(exc))
+            return AgentDidNotAnswer(str(exc))
         except (TimeoutError, httpx.TimeoutException):
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
             if not replica.healthy:
@@ -545,7 +493,7 @@ class Proxy:
             self.health.failed(replica, f"answered {status}")
             self.outliers.failed(model, replica, f"answered {status}")
             said = f"{replica.endpoint} answered {status}"
-            return _NotReady(said) if status == 503 else said
+            return NotReady(said) if status == 503 else said
         return answer
 
     async def _refuse_too_large(self, answer: Answer, watch: Disconnect, length: int) -> None:
@@ -633,12 +581,13 @@ class Proxy:
         return Answer(upstream, hold, chunks, first)
 
 
-def _budget_spent(model: Model, last: str) -> ApiError:
-    return ApiError(
-        502,
-        f"{model.name} could not answer: {last}. The gateway did not try another "
-        "replica because many requests are failing right now (its retry budget "
-        "is spent); retry shortly.",
-        type="upstream_error",
-        code="upstream_unreachable",
-    )
+def _named(
+    served: str, requested: str, body: bytes, request: dict[str, Any], rewritten: dict[str, bytes]
+) -> bytes:
+    """The body as this replica's engine must read it: naming the model as the engine serves
+    it, written once per served name however many replicas are tried."""
+    if served == requested:
+        return body
+    content = rewritten.get(served) or json.dumps({**request, "model": served}).encode()
+    rewritten[served] = content
+    return content
