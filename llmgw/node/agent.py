@@ -94,6 +94,7 @@ class Agent:
             found = adopt.get(key)
             runner.start(found if found is not None and found.fingerprint == want.fingerprint else None)
         self.plan = plan
+        self.counters.changed()  # the replicas /status lists are the new plan's
         log.info("serving plan %s: %d replica(s) on node %s", plan.digest, len(wants), self.settings.node)
 
     async def _stop_stray(self, record: Record) -> None:
@@ -115,5 +116,6 @@ class Agent:
         return {
             "node": self.settings.node,
             "plan_digest": self.plan.digest if self.plan else None,
+            "changes": self.counters.changes,  # for GET /status?after=N (node/status.py)
             "replicas": [self.runners[key].status() for key in sorted(self.runners)],
         }

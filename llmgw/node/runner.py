@@ -193,8 +193,11 @@ class Runner:
             self.load_s = round(time.monotonic() - self._launched_at, 3)
             self._launched_at = None
             self.idle_since = time.monotonic()  # with no request yet, idle time counts from ready
+        moved = (state, message) != (self.state, self.message)
         self.state, self.message = state, message
         self._changed.set()
+        if moved:
+            self.counters.changed()
 
     async def _run(self, adopted: Record | None) -> None:
         delay = BACKOFF_FIRST_S
@@ -385,8 +388,28 @@ def _utc(when: float | None) -> str | None:
 
 
 class Counters:
+    """What the agent counts across its replicas: bytes downloaded, and changes of state.
+
+    The change count is what a gateway's GET /status?after=N waits on: the gateway polled every
+    two seconds, so /v1/models said `loaded` of a model up to 1.5 s after a swap had stopped
+    it. Now each state change answers every waiting /status at once."""
+
     def __init__(self) -> None:
         self.download_bytes = 0
+        self.changes = 0
+        self._moved = asyncio.Event()
 
     def add_download(self, n: int) -> None:
         self.download_bytes += n  # from a download thread; an int add is atomic under the GIL
+
+    def changed(self) -> None:
+        self.changes += 1
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
+
+    async def wait_past(self, seen: int, wait_s: float) -> None:
+        """Return once the change count is past `seen`, or after `wait_s` seconds."""
+        if self.changes != seen or wait_s <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._moved.wait(), wait_s)

@@ -22,6 +22,7 @@ from llmgw.node.leases import OnDemand, Refusal
 # An acquire or release body is a line of JSON; anything bigger is not from the gateway.
 BODY_LIMIT = 16 * 1024
 WAIT_MAX_S = 3600.0
+STATUS_WAIT_MAX_S = 60.0
 
 STATES = (
     "idle",
@@ -99,6 +100,12 @@ class _Status:
         self.demand = demand
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        # ?after=N&wait=S: answer once the state has changed past count N (the `changes` of an
+        # earlier answer), or after S seconds: a gateway learns of a swap as it happens.
+        seen = req.get_param_as_int("after", min_value=0)
+        if seen is not None:
+            wait = req.get_param_as_float("wait", min_value=0.0, max_value=STATUS_WAIT_MAX_S) or 0.0
+            await self.agent.counters.wait_past(seen, wait)
         resp.content_type = falcon.MEDIA_JSON
         resp.data = json.dumps({**self.agent.status(), "memory": self.demand.memory()}, indent=2).encode()
 

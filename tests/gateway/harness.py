@@ -201,8 +201,24 @@ class Gateway:
         try:
             wait_until(done, timeout, f"every worker to report {what}")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\nworkers {self.worker_pids()} answered {latest}") from None
+            pids = self.worker_pids()
+            raise AssertionError(
+                f"{exc}\nworkers {pids} answered {latest}\n{self.stacks_of(pids - latest.keys())}"
+            ) from None
         return latest
+
+    def stacks_of(self, pids: set[int]) -> str:
+        """What silent workers are doing: SIGABRT makes faulthandler (PYTHONFAULTHANDLER, set
+        for every gateway a test starts) print each thread's stack to the log; gunicorn then
+        replaces the worker. A worker that never answers is otherwise a mystery in CI."""
+        if not pids:
+            return ""
+        mark = len(self.log())
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(1.5)
+        return f"what the silent workers {sorted(pids)} were doing:\n{self.log()[mark:][-6000:]}"
 
     def probe_headers(self) -> dict[str, str]:
         """What /readyz and /metrics need: the metrics token, when the gateway has one."""
@@ -323,6 +339,7 @@ def gateway(
                 "LLMGW_HEALTH_INTERVAL": "0.5",
                 "LLMGW_HEALTH_FAILURES": "2",
                 "LLMGW_RELOAD_INTERVAL": "0.5",
+                "PYTHONFAULTHANDLER": "1",  # so stacks_of can show a stuck worker
                 **env,
             }
         ),

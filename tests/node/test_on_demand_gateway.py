@@ -3,6 +3,7 @@ makes room by memory and starts the engine (stand-ins for llama-server)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 from pathlib import Path
 
 import httpx
@@ -50,5 +51,88 @@ def test_two_models_that_do_not_fit_together_answer_in_turn_one_loaded_at_a_time
                 return True
 
             wait_until(every_worker_says_only_b_is_loaded, 15, "/v1/models to say what the agent has loaded")
+    finally:
+        agent.stop()
+
+
+def test_what_is_loaded_follows_the_agent_as_it_changes_and_a_stopped_model_is_not_healthy(
+    tmp_path: Path,
+) -> None:
+    fleet = Fleet(tmp_path / "fleet", others=False, memory_gb=0.8)
+    agent = Agent(fleet, stand_in_bin(tmp_path / "bin", "llama-server"), LLMGW_AGENT_TOKEN=TOKEN)
+    fleet.agent_at(agent.status_url)
+    fleet.plan({"a.yaml": on_demand("a"), "b.yaml": on_demand("b")})
+    agent.start()
+    # Health checks (and so the agents' polls) every 30 s: only an agent that answers as its
+    # state changes can tell the gateway of a swap within the waits below.
+    slow = {"LLMGW_HEALTH_INTERVAL": "30", "LLMGW_HEALTH_FAILURES": "2"}
+    try:
+        with gateway(fleet.plan_path, LLMGW_AGENT_TOKEN=TOKEN, LLMGW_LOAD_TIMEOUT="60", **slow) as gw:
+
+            def dashboard(name: str) -> dict[str, object]:
+                model: dict[str, object] = httpx.get(gw.url + "/dashboard/status.json", timeout=10).json()[
+                    "models"
+                ][name]
+                return model
+
+            before = dashboard("a")
+            assert (before["healthy"], before["placed"], before["stopped"]) == (0, 1, 1), before
+            page = httpx.get(gw.url + "/", timeout=10).text
+            assert "stopped, started on demand" in page
+
+            def ask(name: str) -> None:
+                answer = httpx.post(
+                    gw.url + "/v1/chat/completions",
+                    json={"model": name, "messages": [{"role": "user", "content": "hi"}]},
+                    timeout=90,
+                )
+                assert answer.status_code == 200, answer.text
+
+            def every_worker_lists(loaded: dict[str, bool]) -> bool:
+                for _ in range(6):  # new connections, so each worker is asked
+                    with httpx.Client(timeout=10) as fresh:
+                        data = fresh.get(gw.url + "/v1/models").json()["data"]
+                    if {m["id"]: m.get("loaded") for m in data} != loaded:
+                        return False
+                return True
+
+            ask("a")
+            wait_until(lambda: every_worker_lists({"a": True, "b": False}), 10, "a loaded, b not")
+            after = dashboard("a")
+            assert (after["healthy"], after["stopped"]) == (1, 0), after
+            ask("b")  # evicts a
+            wait_until(lambda: every_worker_lists({"a": False, "b": True}), 10, "the swap to b seen")
+            assert dashboard("a")["stopped"] == 1
+    finally:
+        agent.stop()
+
+
+def test_the_agents_status_answers_a_waiting_caller_when_a_state_changes(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path / "fleet", others=False, memory_gb=0.8)
+    agent = Agent(fleet, stand_in_bin(tmp_path / "bin", "llama-server"), LLMGW_AGENT_TOKEN=TOKEN)
+    fleet.agent_at(agent.status_url)
+    fleet.plan({"a.yaml": on_demand("a")})
+    agent.start()
+    try:
+        first = httpx.get(agent.status_url + "/status", timeout=10).json()
+        quiet = httpx.get(agent.status_url + "/status", params={"after": first["changes"], "wait": 0.3}, timeout=10)
+        assert quiet.json()["changes"] == first["changes"], "nothing changed, so it waited and said so"
+        endpoint = first["replicas"][0]["endpoint"]
+        with httpx.Client(timeout=60) as client:
+            waiting = client.build_request(
+                "GET", agent.status_url + "/status", params={"after": first["changes"], "wait": 50}
+            )
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(client.send, waiting)
+                acquired = httpx.post(
+                    agent.status_url + "/acquire",
+                    json={"endpoint": endpoint, "wait_s": 30},
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                    timeout=60,
+                )
+                assert acquired.status_code == 200, acquired.text
+                moved = answer.result(timeout=40).json()
+        assert moved["changes"] > first["changes"]
+        assert moved["replicas"][0]["state"] != "idle", moved["replicas"][0]
     finally:
         agent.stop()

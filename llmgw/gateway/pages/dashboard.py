@@ -102,6 +102,7 @@ class ProfileView:
     external: bool
     endpoints: tuple[str, ...]
     routing: str
+    on_demand: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,7 @@ def _model_view(model: PlanModel) -> ModelView:
             external=p.external,
             endpoints=tuple(r.endpoint for r in p.replicas),
             routing=p.routing or ("least-loaded" if model.task == "embedding" else "prefix"),
+            on_demand=p.on_demand,
         )
         for p in model.profiles
     )
@@ -336,19 +338,37 @@ def usage_document(
     }
 
 
+def _profile_health(snapshot: DashboardSnapshot, profile: ProfileView) -> dict[str, Any]:
+    """How many of a profile's replicas take requests now. An on-demand replica whose engine
+    is stopped is not counted healthy but `stopped`: the dashboard said "Healthy 1/1" of a
+    model nothing had loaded, and the first request then waited for a whole engine load."""
+    endpoints = profile.endpoints
+    stopped = [e for e in endpoints if e not in snapshot.loaded] if profile.on_demand else []
+    return {
+        "healthy": healthy_count(tuple(e for e in endpoints if e not in stopped), snapshot.healthy),
+        "placed": len(endpoints),
+        **({"stopped": len(stopped)} if profile.on_demand else {}),
+    }
+
+
 def status_document(snapshot: DashboardSnapshot, view: PlanView, now: float) -> dict[str, Any]:
     """The JSON the page polls: health per model and profile, plus the reload state."""
     models: dict[str, Any] = {}
     for m in view.models:
         words = snapshot.fleet.get(m.name)
+        profiles = {p.name: _profile_health(snapshot, p) for p in m.profiles}
         models[m.name] = {
             **({"sync": words[0], "fleet_health": words[1]} if words else {}),
-            "healthy": healthy_count(m.endpoints, snapshot.healthy),
+            "healthy": sum(h["healthy"] for h in profiles.values()),
             "placed": len(m.endpoints),
+            **(
+                {"stopped": sum(h.get("stopped", 0) for h in profiles.values())}
+                if any(p.on_demand for p in m.profiles)
+                else {}
+            ),
             "profiles": {
                 p.name: {
-                    "healthy": healthy_count(p.endpoints, snapshot.healthy),
-                    "placed": len(p.endpoints),
+                    **profiles[p.name],
                     "routing": p.routing,
                     "replicas": {e: snapshot.replicas[e] for e in p.endpoints if e in snapshot.replicas},
                     **_prefix_counts(snapshot, m.name, p),

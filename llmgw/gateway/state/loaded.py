@@ -1,8 +1,8 @@
 """What is loaded where: which on-demand engines this worker takes as running now.
 
-Two sources, the fresher first: each node's agent, asked every few seconds which engines are
-ready (it knows what this worker's leases cannot: an eviction, another worker's or gateway's
-start); and this worker's own leases (request/lease.py), which say an engine was answering
+Two sources, the fresher first: each node's agent, followed by a /status that answers as soon
+as an engine's state changes (it knows what this worker's leases cannot: an eviction, another
+worker's or gateway's start); and this worker's own leases (request/lease.py), which say an engine was answering
 here lately. /v1/models and the dashboard say `loaded` from this.
 
 It also keeps which agents are silent: an agent that does not answer a call within
@@ -51,28 +51,55 @@ class Loaded:
         self.last_used[endpoint] = time.monotonic()
 
     async def watch(self, state: PlanState, interval: float) -> None:
-        """Ask each on-demand node's agent, every `interval` seconds, which engines are ready."""
+        """Follow each on-demand node's agent: its /status answers at once when an engine's
+        state changes, or after `interval` seconds when none did."""
         self.hear_every = interval
-        while True:
-            agents = {n.agent for n in state.table.plan.nodes if n.agent}
-            await asyncio.gather(*(self._hear(a) for a in sorted(agents)))
-            await asyncio.sleep(interval)
-
-    async def _hear(self, agent: str) -> None:
+        following: dict[str, asyncio.Task[None]] = {}
         try:
-            answer = await self.client.get(agent.rstrip("/") + "/status")
+            while True:
+                agents = {n.agent for n in state.table.plan.nodes if n.agent}
+                for agent in following.keys() - agents:  # a plan without it
+                    following.pop(agent).cancel()
+                    self.heard.pop(agent, None)
+                for agent in sorted(agents - following.keys()):
+                    following[agent] = asyncio.get_running_loop().create_task(self._follow(agent, interval))
+                await asyncio.sleep(min(interval, 1.0))
+        finally:
+            for task in following.values():
+                task.cancel()
+
+    async def _follow(self, agent: str, interval: float) -> None:
+        seen: int | None = None
+        while True:
+            began = time.monotonic()
+            seen = await self._hear(agent, seen, interval)
+            if seen is None:  # no answer, or an agent that does not wait: ask again in a while
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
+
+    async def _hear(self, agent: str, seen: int | None, wait: float) -> int | None:
+        """Ask `agent` which engines are ready, waiting up to `wait` s for a change past `seen`;
+        the change count it answered with, or None."""
+        url = agent.rstrip("/") + "/status"
+        params = {} if seen is None else {"after": str(seen), "wait": f"{wait:g}"}
+        try:
+            # The wait is the agent's; only time beyond it counts against the agent.
+            timeout = httpx.Timeout(self.agent_timeout, read=self.agent_timeout + (wait if params else 0.0))
+            answer = await self.client.get(url, params=params, timeout=timeout)
         except httpx.TransportError as exc:
             self.lost(agent, exc)
-            return
+            return None
         except httpx.HTTPError:
-            return
+            return None
         self.back(agent)  # whatever it said, it answered
         try:
-            replicas = answer.json()["replicas"]
+            document = answer.json()
+            replicas = document["replicas"]
             ready = frozenset(str(r["endpoint"]) for r in replicas if r.get("state") == "ready")
         except (ValueError, KeyError, TypeError):
-            return  # unheard: its last answer goes stale, and this worker's own record decides
+            return None  # unheard: its last answer goes stale, and this worker's own record decides
         self.heard[agent] = (time.monotonic(), ready)
+        changes = document.get("changes")
+        return changes if isinstance(changes, int) and not isinstance(changes, bool) else None
 
     def lost(self, agent: str, exc: httpx.TransportError) -> str:
         """Take `agent` as silent after `exc`; why, as a sentence for a request's error."""

@@ -14,20 +14,26 @@
   var liveText = live ? live.textContent : "";
   var timer = null;
 
-  function setCount(el, healthy, placed) {
+  // `stopped`: on-demand replicas whose engine is stopped, neither healthy nor down ("idle").
+  function setCount(el, healthy, placed, stopped) {
     if (!el) return;
     var h = el.querySelector(".healthy");
     var p = el.querySelector(".placed");
     if (h) h.textContent = String(healthy);
     if (p) p.textContent = String(placed);
-    el.classList.remove("ok", "some", "none");
-    el.classList.add(placed && healthy === placed ? "ok" : healthy === 0 ? "none" : "some");
+    var note = el.parentNode ? el.parentNode.querySelector(".stopped") : null;
+    if (note && stopped !== undefined) note.textContent = String(stopped);
+    el.classList.remove("ok", "some", "none", "idle");
+    el.classList.add(
+      placed && healthy === placed ? "ok"
+        : stopped && healthy + stopped === placed ? "idle"
+        : healthy === 0 ? "none" : "some");
     var title = el.getAttribute("title") || "";
     el.setAttribute("title", title.replace(/^\d+ of \d+/, healthy + " of " + placed));
   }
 
   function applyModel(group, m) {
-    setCount(group.querySelector(".health .count"), m.healthy, m.placed);
+    setCount(group.querySelector(".health .count"), m.healthy, m.placed, m.stopped);
     var sync = group.querySelector(".fleet .sync"), fleetHealth = group.querySelector(".fleet .fleet-health");
     if (sync) sync.textContent = m.sync || "";
     if (fleetHealth) fleetHealth.textContent = m.fleet_health || "";
