@@ -173,8 +173,7 @@ class Runner:
             if self.state in ("failed", "backoff", "idle", "stopping", "stopped") or left <= 0:
                 return False
             self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+            await wait_at_most(self._changed, left)
         return True
 
     def _set(self, state: str, message: str = "") -> None:
@@ -411,5 +410,16 @@ class Counters:
         """Return once the change count is past `seen`, or after `wait_s` seconds."""
         if self.changes != seen or wait_s <= 0:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._moved.wait(), wait_s)
+        await wait_at_most(self._moved, wait_s)
+
+
+async def wait_at_most(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait until `event` is set, or `timeout_s` seconds have passed.
+
+    Not asyncio.wait_for: on Python 3.11 it drops a cancellation that lands as the event is
+    set (cpython gh-86296). An acquire whose client had left missed its cancellation that
+    way while its engine's health checks set the event every 50 ms, went on waiting out its
+    whole wait_s, and the start nobody wanted any more went on loading."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
