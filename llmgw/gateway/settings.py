@@ -63,7 +63,6 @@ class Settings:
     # On-demand engines (gateway/request/lease.py): how long a request waits for one to load, and
     # how many may wait per model in one worker.
     load_timeout: float = 120.0
-    max_held: int = 64
     # Browser origins allowed to call the API (LLMGW_CORS_ORIGINS): none by default, since
     # a page on any site could otherwise spend a key a browser extension or a user pasted.
     cors_origins: tuple[str, ...] = ()
@@ -114,8 +113,17 @@ _INTS = {
     "LLMGW_EJECT_AFTER": "eject_after",
     "LLMGW_RETRY_FLOOR": "retry_floor",
     "LLMGW_MAX_RESPONSE_BYTES": "max_response_bytes",
-    "LLMGW_MAX_HELD": "max_held",
     "LLMGW_QUEUE_PER_KEY": "queue_per_key",
+}
+
+
+# Settings llmgw no longer reads, and what took their place: `llmgw serve` says so at start.
+RETIRED = {
+    "LLMGW_MAX_HELD": (
+        "LLMGW_MAX_HELD is no longer read: requests waiting for an on-demand engine to start "
+        "wait in their keys' queues, bounded by LLMGW_QUEUE_PER_KEY and LLMGW_QUEUE_WAIT; "
+        "remove it from the gateway's environment."
+    ),
 }
 
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from busy import keys_yaml, secret
 from harness import free_port, gateway, model, wait_until, write_plan
 from stand_in_agent import StandInAgent
 
+from llmgw.gateway.server.serve import check_environment
 from llmgw.plan import NodeUse, OnDemandUse, PlanNode, PlanProfile, PlanReplica, PortRange
 from tests.plans import plan_of
 
@@ -115,14 +117,59 @@ def test_a_wrong_agent_token_is_a_sentence_saying_what_to_set(tmp_path: Path, ag
         assert agent.starts == 0
 
 
-def test_requests_to_a_running_on_demand_engine_are_not_held_so_not_bounded(
-    tmp_path: Path, agent: StandInAgent
+def test_one_key_cannot_fill_the_wait_for_a_starting_engine(tmp_path: Path) -> None:
+    """Security issue 35, item 4: requests held for an on-demand start wait in their keys'
+    queues, so one key past its queue is refused at once while another key's request is held
+    and answered (the per-model LLMGW_MAX_HELD let one key refuse every other)."""
+    agent = StandInAgent(TOKEN, load_s=3.0)
+    try:
+        path = tmp_path / "plan.json"
+        write_plan(path, on_demand_plan(agent, free_port()))
+        (tmp_path / "keys.yaml").write_text(keys_yaml())
+        env = {"LLMGW_KEYS_FILE": str(tmp_path / "keys.yaml"), "LLMGW_QUEUE_PER_KEY": "2"}
+
+        def chat_as(key: str) -> httpx.Response:
+            return httpx.post(
+                gw.url + "/v1/chat/completions",
+                json={"model": "lazy", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {secret(key)}"},
+                timeout=60,
+            )
+
+        with gateway(path, LLMGW_AGENT_TOKEN=TOKEN, **env) as gw:
+            with concurrent.futures.ThreadPoolExecutor(10) as pool:
+                flood = [pool.submit(chat_as, "flood") for _ in range(10)]
+                # Four hold the replica's slots (llama-server's default --parallel) while it
+                # loads, two wait in the key's queue, and the other four are refused at once.
+                wait_until(lambda: sum(f.done() for f in flood) >= 4, 10, "the flood past its queue refused")
+                assert agent.starts == 1 and not agent.leases, "the engine is still loading"
+                quiet = chat_as("quiet")
+                codes = sorted(f.result().status_code for f in flood)
+        assert quiet.status_code == 200, quiet.text
+        assert codes == [200] * 6 + [429] * 4, codes
+        refused = next(f.result() for f in flood if f.result().status_code == 429).json()["error"]
+        assert refused["code"] == "queue_full" and "LLMGW_QUEUE_PER_KEY" in refused["message"]
+    finally:
+        agent.close()
+
+
+def test_a_retired_setting_is_named_at_start_with_what_replaced_it(
+    tmp_path: Path, agent: StandInAgent, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "plan.json"
     write_plan(path, on_demand_plan(agent, free_port()))
-    with gateway(path, LLMGW_AGENT_TOKEN=TOKEN, LLMGW_MAX_HELD="1") as gw:
+    check_environment(path, {"LLMGW_MAX_HELD": "4"})  # what `llmgw serve` reads before gunicorn starts
+    said = capsys.readouterr().err
+    assert "LLMGW_MAX_HELD is no longer read" in said and "LLMGW_QUEUE_PER_KEY" in said, said
+
+
+def test_requests_to_a_running_on_demand_engine_are_not_held(tmp_path: Path, agent: StandInAgent) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, on_demand_plan(agent, free_port()))
+    with gateway(path, LLMGW_AGENT_TOKEN=TOKEN) as gw:
         assert chat(gw.url).status_code == 200  # started, and now running
         with concurrent.futures.ThreadPoolExecutor(10) as pool:
             answers = list(pool.map(lambda i: chat(gw.url), range(10)))
         failed = [a.text for a in answers if a.status_code != 200]
-        assert not failed, f"warm requests were counted against LLMGW_MAX_HELD: {failed[:2]}"
+        assert not failed, failed[:2]
+        assert agent.starts == 1

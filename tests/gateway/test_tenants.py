@@ -169,15 +169,22 @@ def test_an_unreadable_keys_file_is_refused_in_running_and_replacement_workers(
         tmp = keys.with_name(".keys.yaml.tmp")
         tmp.write_bytes(UNREADABLE[fault])
         os.replace(tmp, keys)
-        refused = gw.every_worker(lambda r: r["keys"]["result"] == "refused", 10, f"keys with {fault} refused")
+        refused = gw.every_worker(
+            lambda r: r["keys"]["result"] == "refused", 10, f"keys with {fault} refused"
+        )
         assert all("LLMGW_KEYS_FILE" in r["keys"]["reason"] for r in refused.values())
         # A worker that dies while the file is bad is replaced by one that starts on the last
         # good keys: before, it exited with code 3 and gunicorn shut the whole gateway down.
         victim = next(iter(gw.worker_pids()))
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: victim not in gw.worker_pids() and len(gw.worker_pids()) >= gw.workers, 20,
-                   "gunicorn to replace the killed worker")
-        gw.every_worker(lambda r: r["keys"]["result"] == "refused", 15, "the replacement refusing the file too")
+        wait_until(
+            lambda: victim not in gw.worker_pids() and len(gw.worker_pids()) >= gw.workers,
+            20,
+            "gunicorn to replace the killed worker",
+        )
+        gw.every_worker(
+            lambda r: r["keys"]["result"] == "refused", 15, "the replacement refusing the file too"
+        )
         assert _every_worker_answers(gw, TEAM_B, 200), "the last good keys keep working everywhere"
         assert gw.proc.poll() is None, "the gateway is still running"
     finally:
@@ -219,8 +226,11 @@ def test_keys_reloaded_under_load_fail_no_request(served: tuple[Gateway, Path]) 
 def test_the_access_log_names_the_key_never_the_key_itself(served: tuple[Gateway, Path]) -> None:
     gw, _ = served
     assert ask(gw, TEAM_B).status_code == 200
-    wait_until(lambda: any(line.get("key") == "team-b" for line in gw.access_lines()), 10,
-               "an access log line naming team-b")
+    wait_until(
+        lambda: any(line.get("key") == "team-b" for line in gw.access_lines()),
+        10,
+        "an access log line naming team-b",
+    )
     assert TEAM_B not in gw.log()
 
 

@@ -115,7 +115,9 @@ def test_the_agents_status_answers_a_waiting_caller_when_a_state_changes(tmp_pat
     agent.start()
     try:
         first = httpx.get(agent.status_url + "/status", timeout=10).json()
-        quiet = httpx.get(agent.status_url + "/status", params={"after": first["changes"], "wait": 0.3}, timeout=10)
+        quiet = httpx.get(
+            agent.status_url + "/status", params={"after": first["changes"], "wait": 0.3}, timeout=10
+        )
         assert quiet.json()["changes"] == first["changes"], "nothing changed, so it waited and said so"
         endpoint = first["replicas"][0]["endpoint"]
         with httpx.Client(timeout=60) as client:

@@ -37,8 +37,18 @@ PLAN_READERS = (*RUNTIME, "llmgw.render")
 # after one import is exactly what that module brought. A fresh interpreter per module gave
 # the same answer in 61 s; a fork costs milliseconds.
 _THIRD_PARTY = (
-    "falcon.asgi", "httpx", "pydantic", "ruamel.yaml", "jsonschema", "fastjsonschema", "click",
-    "jinja2", "prometheus_client", "dns.asyncresolver", "uvicorn", "gunicorn.app.base",
+    "falcon.asgi",
+    "httpx",
+    "pydantic",
+    "ruamel.yaml",
+    "jsonschema",
+    "fastjsonschema",
+    "click",
+    "jinja2",
+    "prometheus_client",
+    "dns.asyncresolver",
+    "uvicorn",
+    "gunicorn.app.base",
 )
 
 
@@ -126,10 +136,18 @@ def test_the_compiler_imports_nothing_of_the_gateway_or_the_node_agent(
 
 
 def test_the_module_list_is_the_package() -> None:
-    expected = {"llmgw.engines", "llmgw.node.agent", "llmgw.node.runner", "llmgw.gateway.server.app", "llmgw.lint"}
+    expected = {
+        "llmgw.engines",
+        "llmgw.node.agent",
+        "llmgw.node.runner",
+        "llmgw.gateway.server.app",
+        "llmgw.lint",
+    }
     assert expected <= set(MODULES)
-    assert all(Path(REPO, *m.split(".")).with_suffix(".py").exists() or Path(REPO, *m.split(".")).is_dir()
-               for m in MODULES)
+    assert all(
+        Path(REPO, *m.split(".")).with_suffix(".py").exists() or Path(REPO, *m.split(".")).is_dir()
+        for m in MODULES
+    )
 
 
 def _imported_names(module: str) -> set[str]:

@@ -93,11 +93,19 @@ def test_key_and_value_sizes_may_differ(tmp_path):
     assert (h.key_length, h.value_length) == (192, 128)
 
 
-@pytest.mark.parametrize("quant", [gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.IQ4_NL,
-                                   gguf.GGMLQuantizationType.Q5_0])
+@pytest.mark.parametrize(
+    "quant",
+    [gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.IQ4_NL, gguf.GGMLQuantizationType.Q5_0],
+)
 def test_quantized_tensors_count_their_parameters_not_their_bytes(tmp_path, quant):
-    path = write_gguf(tmp_path / "q.gguf", embedding=256, feed_forward=64, vocab=300, quantized=quant,
-                      file_type=gguf.LlamaFileType.MOSTLY_IQ4_NL)
+    path = write_gguf(
+        tmp_path / "q.gguf",
+        embedding=256,
+        feed_forward=64,
+        vocab=300,
+        quantized=quant,
+        file_type=gguf.LlamaFileType.MOSTLY_IQ4_NL,
+    )
     h = inspect(str(path)).header
     assert h.parameters == 300 * 256 + 64 * 256
     assert h.file_type == "IQ4_NL"
@@ -145,11 +153,18 @@ def test_missing_file_is_named(tmp_path):
 def test_cli_text_names_each_fact(llmgw, gemma_gguf):
     run = llmgw("inspect", gemma_gguf)
     assert run.code == 0, run
-    for line in ("architecture         gemma3 (Gemma 3 270m)", "parameters           268.1M",
-                 "file type            Q4_K_M", "trained context      32768 tokens",
-                 "attention heads      4, 1 KV heads", "head size            key 256, value 256",
-                 "sliding window       512 tokens on 15 of 18 layers", "vocabulary           262.1k",
-                 "chat template        no", "file size            253.11 MB"):
+    for line in (
+        "architecture         gemma3 (Gemma 3 270m)",
+        "parameters           268.1M",
+        "file type            Q4_K_M",
+        "trained context      32768 tokens",
+        "attention heads      4, 1 KV heads",
+        "head size            key 256, value 256",
+        "sliding window       512 tokens on 15 of 18 layers",
+        "vocabulary           262.1k",
+        "chat template        no",
+        "file size            253.11 MB",
+    ):
         assert line in run.stdout, run
 
 
@@ -201,11 +216,18 @@ def _kv_u32(key: str, value: int) -> bytes:
 
 def test_a_header_claiming_2_27_layers_is_refused_before_per_layer_tuples(tmp_path):
     # A sliding window makes the reader build one entry per layer: 2**27 of them took 51 s.
-    kvs = (_s("general.architecture") + struct.pack("<I", 8) + _s("gemma3")
-           + _kv_u32("gemma3.block_count", 2**27) + _kv_u32("gemma3.attention.sliding_window", 512))
+    kvs = (
+        _s("general.architecture")
+        + struct.pack("<I", 8)
+        + _s("gemma3")
+        + _kv_u32("gemma3.block_count", 2**27)
+        + _kv_u32("gemma3.attention.sliding_window", 512)
+    )
     path = tmp_path / "layers.gguf"
     path.write_bytes(_raw_gguf(kvs, 3))
-    with pytest.raises(InspectError, match="says the model has 134217728 layers; no model has more than 65536"):
+    with pytest.raises(
+        InspectError, match="says the model has 134217728 layers; no model has more than 65536"
+    ):
         inspect(str(path))
 
 
@@ -243,7 +265,9 @@ def test_a_string_longer_than_the_file_is_refused(tmp_path):
 
 
 def test_a_tensor_with_100000_dimensions_is_refused(tmp_path):
-    tensor = _s("t") + struct.pack("<I", 100_000) + struct.pack("<Q", 2**40) * 100_000 + struct.pack("<IQ", 0, 0)
+    tensor = (
+        _s("t") + struct.pack("<I", 100_000) + struct.pack("<Q", 2**40) * 100_000 + struct.pack("<IQ", 0, 0)
+    )
     path = tmp_path / "dims.gguf"
     path.write_bytes(_raw_gguf(tensors=tensor, tensor_count=1))
     with pytest.raises(InspectError, match="tensor 't' has 100000 dimensions; GGUF allows at most 4"):
@@ -264,8 +288,13 @@ def test_lint_reports_a_damaged_header_and_still_checks_the_good_model(tmp_path)
     write_gguf(tmp_path / "good.gguf", "gemma3", layers=6, window=512)
     nested = struct.pack("<IQ", 9, 1) * 200_000 + struct.pack("<IQ", 4, 1) + struct.pack("<I", 7)
     (tmp_path / "bad.gguf").write_bytes(_raw_gguf(_s("x.deep") + struct.pack("<I", 9) + nested, 1))
-    models = {f"{n}.yaml": (f"name: {n}\nsource: ../{n}.gguf\ncontext_length: 2048\n"
-                            "profiles:\n  - name: cpu\n    engine: llamacpp\n") for n in ("bad", "good")}
+    models = {
+        f"{n}.yaml": (
+            f"name: {n}\nsource: ../{n}.gguf\ncontext_length: 2048\n"
+            "profiles:\n  - name: cpu\n    engine: llamacpp\n"
+        )
+        for n in ("bad", "good")
+    }
     fleet = "nodes:\n  - {name: n1, address: 127.0.0.1, memory_gb: 8, engines: [llamacpp]}\n"
     result = run(tmp_path, models, fleet)
     [finding] = by_rule(result, "gguf-header")

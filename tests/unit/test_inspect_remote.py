@@ -156,8 +156,11 @@ def test_refused_says_hf_token(hub, monkeypatch, status):
 def test_missing_file_names_it(hub, monkeypatch):
     hub.status = 404
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    with pytest.raises(InspectError, match=r"hf://org/repo/nope-Q4_K_M.gguf does not exist \(404\): no file "
-                                           r"nope-Q4_K_M.gguf there"):
+    with pytest.raises(
+        InspectError,
+        match=r"hf://org/repo/nope-Q4_K_M.gguf does not exist \(404\): no file "
+        r"nope-Q4_K_M.gguf there",
+    ):
         inspect("hf://org/repo/nope-Q4_K_M.gguf")
 
 
@@ -190,7 +193,9 @@ def test_cli_reads_hf_endpoint_from_the_environment(llmgw, hub, tmp_path):
 def test_a_body_cut_short_is_a_sentence_not_a_traceback(hub, tmp_path):
     hub.prefix = _header_of(write_gguf(tmp_path / "m.gguf", vocab=20_000))
     hub.cut_after = CHUNK
-    with pytest.raises(InspectError, match=r"stopped sending 65536 bytes in \(RemoteProtocolError.*cut short"):
+    with pytest.raises(
+        InspectError, match=r"stopped sending 65536 bytes in \(RemoteProtocolError.*cut short"
+    ):
         inspect(f"{hub.url}/m.gguf")
 
 

@@ -11,9 +11,11 @@ LLMGW_AGENT_TIMEOUT beyond the wait it asked for; from then on the agent is take
 and not asked for starts, so requests go to another node that can serve the model, until
 the agent answers its /status poll again.
 
-The wait is bounded twice: by LLMGW_LOAD_TIMEOUT for one request, and by LLMGW_MAX_HELD
-requests held per model in this worker, past which a request is turned away at once rather
-than piling up behind a load that may never finish.
+The wait is bounded by LLMGW_LOAD_TIMEOUT. How many wait is the scheduler's to bound: a
+request asks for a lease only once it holds one of the replica's slots (gateway/schedule/),
+so the rest wait in their keys' queues (LLMGW_QUEUE_PER_KEY, LLMGW_QUEUE_WAIT). The queue of
+its own this path had per model (LLMGW_MAX_HELD) let one key fill it and every other key's
+request for the model be refused.
 
 Each lease taken and given back is noted in state/loaded.py, which says what is loaded where.
 """
@@ -52,13 +54,11 @@ class Leases:
     def __init__(
         self,
         load_timeout: float,
-        max_held: int,
         loaded: Loaded,
         token: str | None = None,
         agent_timeout: float = 2.0,
     ) -> None:
         self.load_timeout = load_timeout
-        self.max_held = max_held
         self.loaded = loaded
         self.token = token if token is not None else os.environ.get("LLMGW_AGENT_TOKEN")
         self.held: dict[str, int] = {}
@@ -82,22 +82,12 @@ class Leases:
             raise AgentSilent(silent)
         started = time.monotonic()
         # First without waiting: a running engine answers at once, and a request to it is
-        # not held, so warm traffic never counts against LLMGW_MAX_HELD. An idle one starts
-        # on this call (the agent keeps loading it), and the request then joins the wait.
+        # not held. An idle one starts on this call (the agent keeps loading it), and the
+        # request then waits for it.
         lease, said, _ = await self._ask(model, replica, 0.0)
         if lease is not None:
             return lease
-        held = self.held.get(model, 0)
-        if held >= self.max_held:
-            raise ApiError(
-                503,
-                f"{model} is starting and {held} requests are already waiting for it in this "
-                f"gateway worker (LLMGW_MAX_HELD); retry in a few seconds.",
-                type="service_unavailable",
-                code="model_loading",
-                headers={"Retry-After": "5"},
-            )
-        self.held[model] = held + 1
+        self.held[model] = self.held.get(model, 0) + 1
         metrics.labelled(metrics.HELD, model).inc()
         try:
             return await self._wait(model, replica, started, said)

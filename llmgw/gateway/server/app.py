@@ -198,7 +198,7 @@ def create_app(
     samples = Samples(shared)
 
     loaded = Loaded(settings.agent_timeout)
-    leases = Leases(settings.load_timeout, settings.max_held, loaded, agent_timeout=settings.agent_timeout)
+    leases = Leases(settings.load_timeout, loaded, agent_timeout=settings.agent_timeout)
     scheduler = _scheduler(settings, shared)
     lifecycle = Lifecycle(state, health, upstream, settings, keys, samples, loaded, scheduler)
     app = _App(request_type=Request, middleware=[*_cors(settings), lifecycle, access])

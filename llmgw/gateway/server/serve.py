@@ -23,7 +23,7 @@ import httpx
 from llmgw.errors import PlanError, UsageError
 from llmgw.gateway.request.limits import state_directory
 from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
-from llmgw.gateway.settings import settings_from_env
+from llmgw.gateway.settings import RETIRED, settings_from_env
 from llmgw.gateway.state.keys import keys_from_settings
 from llmgw.gateway.state.reload import last_good_path, read_table
 from llmgw.plan import PlanProfile, PlanReplica, read_plan
@@ -130,6 +130,9 @@ def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None
     env = dict(os.environ if base is None else base)
     env["LLMGW_PLAN"] = str(plan)
     settings = settings_from_env(env)
+    for name, why in RETIRED.items():
+        if name in env:
+            print(f"llmgw: {why}", file=sys.stderr)
     keys = keys_from_settings(settings.keys_file, settings.api_keys_file)
     if keys is not None and keys.refusal:
         print(f"llmgw: {keys.refusal}", file=sys.stderr)

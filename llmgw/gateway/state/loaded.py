@@ -2,8 +2,8 @@
 
 Two sources, the fresher first: each node's agent, followed by a /status that answers as soon
 as an engine's state changes (it knows what this worker's leases cannot: an eviction, another
-worker's or gateway's start); and this worker's own leases (request/lease.py), which say an engine was answering
-here lately. /v1/models and the dashboard say `loaded` from this.
+worker's or gateway's start); and this worker's own leases (request/lease.py), which say an
+engine was answering here lately. /v1/models and the dashboard say `loaded` from this.
 
 It also keeps which agents are silent: an agent that does not answer a call within
 LLMGW_AGENT_TIMEOUT is not asked for starts (request/lease.py passes its replicas over for
