@@ -201,6 +201,9 @@ class Gateway:
         try:
             wait_until(done, timeout, f"every worker to report {what}")
         except AssertionError as exc:
+            if self.proc.poll() is not None:
+                ended = f"the gateway exited with {self.proc.returncode}; its log ends:"
+                raise AssertionError(f"{exc}\n{ended}\n{self.log()[-4000:]}") from None
             pids = self.worker_pids()
             raise AssertionError(
                 f"{exc}\nworkers {pids} answered {latest}\n{self.stacks_of(pids - latest.keys())}"
