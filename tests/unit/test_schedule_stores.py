@@ -167,8 +167,21 @@ def test_the_slots_of_a_killed_holder_come_back(
         store.close()
 
 
-def test_a_room_drains_the_loaded_replica_for_a_request_that_waited_its_patience(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path, patience=0.3)
+@pytest.fixture(params=["local", "redis"])
+def patient(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A store whose Rooms have a patience of 0.3 s."""
+    made: LocalStore | RedisStore
+    if request.param == "local":
+        made = LocalStore(tmp_path, patience=0.3)
+    else:
+        made = RedisStore(request.getfixturevalue("redis_url"), patience=0.3)
+        made.redis.flushdb()
+    yield made
+    made.close()
+
+
+def test_a_room_drains_the_loaded_replica_for_a_request_that_waited_its_patience(patient: Store) -> None:
+    store = patient
     rooms = {A: "node:box", B: "node:box"}
 
     def on(endpoint: str, model: str) -> Ask:
@@ -189,11 +202,10 @@ def test_a_room_drains_the_loaded_replica_for_a_request_that_waited_its_patience
     assert store.granted("b", lone.waiter.id) is None, "b started while a still had one in flight"
     assert store.give_back("a", second.waiter.id) == [lone.waiter.id], "a drained, b starts"
     assert store.granted("a", late.waiter.id) is None, "a restarted beside b"
-    store.close()
 
 
-def test_a_room_counts_no_wait_while_the_loaded_replica_is_still_loading(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path, patience=0.3)
+def test_a_room_counts_no_wait_while_the_loaded_replica_is_still_loading(patient: Store) -> None:
+    store = patient
     rooms = {A: "node:box", B: "node:box"}
 
     def on(endpoint: str, model: str) -> Ask:
@@ -205,4 +217,3 @@ def test_a_room_counts_no_wait_while_the_loaded_replica_is_still_loading(tmp_pat
     assert store.ask(lone)[0] is None
     time.sleep(0.35)  # a's engine loading, its first request not yet answered
     assert store.ask(on(A, "a"))[0] == A, "b's wait through a's load ended a's turn before it began"
-    store.close()

@@ -12,6 +12,12 @@ second copy of the policy in Lua.
 
 Instances are on other machines, so a dead holder is known only by its leases lapsing:
 each worker renews its own every LEASE_TTL / 3 seconds.
+
+On-demand replicas that take turns on a node (a Room, policy.py) share a hash naming the
+loaded replica and when it first answered, and a set of the models with replicas in it; a
+decision for one of those models reads (and WATCHes) the Room and its other models' lines
+too, as the SQLite store reads them in its one transaction. Rooms need one Redis (or
+Valkey) server, not a Cluster: their transaction spans several models' keys.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from llmgw.gateway.schedule.policy import Ledger, Waiter, grants
+from llmgw.gateway.schedule.policy import Ledger, Room, Waiter, grants
 from llmgw.gateway.schedule.store import LEASE_TTL, Ask, QueueFull, Store
 
 log = logging.getLogger("llmgw.gateway")
@@ -82,8 +88,9 @@ end
 class RedisStore:
     """Every instance's workers, on one Redis."""
 
-    def __init__(self, url: str, timeout: float = 0.1, fair: bool = True) -> None:
+    def __init__(self, url: str, timeout: float = 0.1, fair: bool = True, patience: float = 5.0) -> None:
         self.fair = fair
+        self.patience = patience
         self.holder = f"{os.uname().nodename}:{os.getpid()}"
         self.redis = redis.Redis.from_url(
             url,
@@ -99,6 +106,8 @@ class RedisStore:
         self._renew = self.redis.register_script(_RENEW)
         # What this worker holds or waits for, per model: what its heartbeat renews.
         self.mine: dict[str, set[str]] = {}
+        # Those of them asked for replicas in a Room: giving one back may open the Room.
+        self.roomed: set[str] = set()
 
     @staticmethod
     def _keys(model: str) -> tuple[str, str, str]:
@@ -115,11 +124,16 @@ class RedisStore:
         waiting, leases, _ = self._keys(ask.model)
         waiter, now = ask.waiter, time.time()
         pairs = [str(v) for e in waiter.candidates for v in (e, ask.slots[e])]
-        lease = self._lease(waiter, "", 0.0, self.holder, now)
-        taken = self._take(keys=[waiting, leases], args=[now, waiter.id, lease, *pairs])
-        if taken:
-            self.mine.setdefault(ask.model, set()).add(waiter.id)
-            return taken.decode(), []
+        roomed = bool(ask.rooms) and self.fair
+        if roomed:
+            # A replica in a Room always asks the policy: its slot may not be open.
+            self.roomed.add(waiter.id)
+        else:
+            lease = self._lease(waiter, "", 0.0, self.holder, now)
+            taken = self._take(keys=[waiting, leases], args=[now, waiter.id, lease, *pairs])
+            if taken:
+                self.mine.setdefault(ask.model, set()).add(waiter.id)
+                return taken.decode(), []
         granted = self._decide(ask.model, lambda state: state.join(ask, self.holder, now))
         self.mine.setdefault(ask.model, set()).add(waiter.id)
         mine = granted.pop(waiter.id, "")
@@ -132,13 +146,35 @@ class RedisStore:
     def give_back(self, model: str, id: str, correction: float = 0.0) -> list[str]:
         waiting, leases, _ = self._keys(model)
         self._forget(model, id)
+        if id in self.roomed:
+            return self._free_in_room(model, id)
         if not self._give_back(keys=[waiting, leases], args=[id]):
             return []
         return list(self._decide(model, lambda state: None))
 
     def leave(self, model: str, id: str) -> list[str]:
         self._forget(model, id)
+        if id in self.roomed:
+            return self._free_in_room(model, id)
         return list(self._decide(model, lambda state: state.drop(id)))
+
+    def _free_in_room(self, model: str, id: str) -> list[str]:
+        """Free a request's place or slot in a Room; then the Room's other models may go."""
+        self.roomed.discard(id)
+        freed: set[str] = set()
+
+        def release(state: _State) -> None:
+            freed.update(state.release(id))
+
+        granted = self._decide(model, release)
+        for name in freed:
+            for other in sorted(self._members(name) - {model}):
+                granted |= self._decide(other, lambda state: None)
+        return list(granted)
+
+    def _members(self, room: str) -> set[str]:
+        members: Iterable[bytes] = self.redis.smembers(_room_keys(room)[1])  # type: ignore[assignment]
+        return {m.decode() for m in members}
 
     def dispatch(self, model: str) -> list[str]:
         return list(self._decide(model, lambda state: None))
@@ -199,14 +235,58 @@ class RedisStore:
                     pipe.watch(*keys)  # type: ignore[no-untyped-call]
                     state = _State(model, *(pipe.hgetall(k) for k in keys))
                     change(state)
-                    granted = state.dispatch(time.time(), self.fair)
+                    now = time.time()
+                    rooms = self._rooms(pipe, state, now) if self.fair else None
+                    granted = state.dispatch(now, self.fair, rooms)
                     pipe.multi()
                     state.write(pipe, keys)
+                    if rooms is not None:
+                        rooms.write(pipe, model)
                     pipe.execute()
                     return granted
                 except redis.WatchError:
                     continue
         raise redis.RedisError(f"the line of {model} kept changing under 50 tries")
+
+    def _rooms(self, pipe: Any, state: _State, now: float) -> _Rooms | None:
+        """The Rooms the model's line names, read under WATCH with their other models' lines:
+        slots in use and the longest waits over every model, and the loaded replica."""
+        names = state.rooms()
+        if not names:
+            return None
+        rooms = _Rooms()
+        for name in sorted(names):
+            room_key, members_key = _room_keys(name)
+            pipe.watch(room_key, members_key)
+            loaded = {k.decode(): v.decode() for k, v in pipe.hgetall(room_key).items()}
+            lines = [(state.waiting, state.leases)]
+            for other in sorted({m.decode() for m in pipe.smembers(members_key)} - {state.model}):
+                waiting, leases, _ = self._keys(other)
+                pipe.watch(waiting, leases)
+                lines.append(
+                    (
+                        {k.decode(): json.loads(v) for k, v in pipe.hgetall(waiting).items()},
+                        {k.decode(): json.loads(v) for k, v in pipe.hgetall(leases).items()},
+                    )
+                )
+            in_use: dict[str, int] = {}
+            oldest: dict[str, float] = {}
+            for waiting_line, lease_line in lines:
+                for lease in lease_line.values():
+                    if lease.get("r") == name and lease["x"] >= now:
+                        in_use[lease["e"]] = in_use.get(lease["e"], 0) + 1
+                for w in waiting_line.values():
+                    for endpoint, r in w.get("r", {}).items():
+                        if r == name and w["x"] >= now and w["t"] < oldest.get(endpoint, float("inf")):
+                            oldest[endpoint] = float(w["t"])
+            endpoint = loaded.get("loaded") or None
+            room = Room(in_use, endpoint, oldest, now, self.patience)
+            ready = loaded.get("ready", "")
+            room.ready = float(ready) if ready else (None if endpoint else 0.0)
+            if endpoint is not None and room.ready is None and (name, endpoint) in state.freed:
+                room.ready = now  # its first slot given back: the engine has loaded
+            rooms.add(name, room, state.joined_rooms)
+        return rooms
 
 
 class _State:
@@ -230,6 +310,24 @@ class _State:
         self.del_waiting: set[str] = set()
         self.put_leases: dict[str, str] = {}
         self.del_leases: set[str] = set()
+        self.joined_rooms: set[str] = set()  # Rooms this model is to be named a member of
+        self.freed: set[tuple[str, str]] = set()  # (Room, endpoint) of a lease given back
+
+    def rooms(self) -> set[str]:
+        """The Rooms its waiting requests and leases are in, and those it gave a slot back to."""
+        named = {str(r) for w in self.waiting.values() for r in w.get("r", {}).values()}
+        named |= {str(lease["r"]) for lease in self.leases.values() if lease.get("r")}
+        return named | {room for room, _ in self.freed} | self.joined_rooms
+
+    def release(self, id: str) -> set[str]:
+        """Drop a request's place or lease; the Rooms it freed a slot or a place in."""
+        lease = self.leases.get(id)
+        entry = self.waiting.get(id)
+        self.drop(id)
+        if lease is not None and lease.get("r"):
+            self.freed.add((str(lease["r"]), str(lease["e"])))
+            return {str(lease["r"])}
+        return {str(r) for r in (entry or {}).get("r", {}).values()}
 
     def join(self, ask: Ask, holder: str, now: float) -> None:
         waiter = ask.waiter
@@ -242,6 +340,9 @@ class _State:
             "k": waiter.key, "b": waiter.band, "s": waiter.share, "t": waiter.since, "c": waiter.cost,
             "slots": [[e, ask.slots[e]] for e in waiter.candidates], "h": holder, "x": now + LEASE_TTL,
         }  # fmt: skip
+        if ask.rooms:
+            entry["r"] = dict(ask.rooms)
+            self.joined_rooms |= set(ask.rooms.values())
         self.waiting[waiter.id] = entry
         self.put_waiting[waiter.id] = json.dumps(entry)
 
@@ -251,7 +352,7 @@ class _State:
         if self.leases.pop(id, None) is not None:
             self.del_leases.add(id)
 
-    def dispatch(self, now: float, fair: bool) -> dict[str, str]:
+    def dispatch(self, now: float, fair: bool, rooms: _Rooms | None = None) -> dict[str, str]:
         for id in [i for i, w in self.waiting.items() if w["x"] < now]:
             self.drop(id)
         for id in [i for i, lease in self.leases.items() if lease["x"] < now]:
@@ -259,10 +360,12 @@ class _State:
         if not self.waiting:
             return {}
         slots: dict[str, int] = {}
+        in_rooms: dict[str, str] = {}
         waiters = []
         for id, w in self.waiting.items():
             theirs = {str(e): int(n) for e, n in w["slots"]}
             slots.update(theirs)
+            in_rooms.update(w.get("r", {}))
             waiters.append(
                 Waiter(id, w["k"], int(w["b"]), float(w["s"]), float(w["t"]), float(w["c"]), tuple(theirs))
             )
@@ -271,14 +374,16 @@ class _State:
             used[lease["e"]] = used.get(lease["e"], 0) + 1
         free = {e: n - used.get(e, 0) for e, n in slots.items()}
         out: dict[str, str] = {}
-        for waiter, endpoint in grants(waiters, free, self.ledger, fair):
+        by_endpoint = rooms.by_endpoint() if rooms is not None and in_rooms else None
+        for waiter, endpoint in grants(waiters, free, self.ledger, fair, by_endpoint):
             holder = self.waiting.pop(waiter.id)["h"]
             self.put_waiting.pop(waiter.id, None)
             self.del_waiting.add(waiter.id)
-            self.put_leases[waiter.id] = json.dumps(
-                {"e": endpoint, "k": waiter.key, "s": waiter.share, "c": waiter.cost, "h": holder,
-                 "x": now + LEASE_TTL}
-            )  # fmt: skip
+            lease = {"e": endpoint, "k": waiter.key, "s": waiter.share, "c": waiter.cost, "h": holder,
+                     "x": now + LEASE_TTL}  # fmt: skip
+            if endpoint in in_rooms:
+                lease["r"] = in_rooms[endpoint]
+            self.put_leases[waiter.id] = json.dumps(lease)
             out[waiter.id] = endpoint
         return out
 
@@ -294,6 +399,41 @@ class _State:
             pipe.hset(leases, mapping=self.put_leases)
             values = {**self.ledger.service, **{f"{_FLOOR}{b}": v for b, v in self.ledger.floor.items()}}
             pipe.hset(service, mapping=values)
+
+
+def _room_keys(room: str) -> tuple[str, str]:
+    """A Room's hash (its loaded replica, and when that first answered) and its models' set."""
+    tag = f"{PREFIX}room:{{{room}}}"
+    return tag, tag + ":models"
+
+
+class _Rooms:
+    """The Rooms one decision read, to run the policy in and to write back as they ended."""
+
+    def __init__(self) -> None:
+        self.rooms: dict[str, Room] = {}
+        self.join: set[str] = set()  # Rooms the deciding model is to be named a member of
+
+    def add(self, name: str, room: Room, joined: set[str]) -> None:
+        self.rooms[name] = room
+        if name in joined:
+            self.join.add(name)
+
+    def by_endpoint(self) -> dict[str, Room]:
+        out: dict[str, Room] = {}
+        for room in self.rooms.values():
+            for endpoint in {*room.in_use, *room.oldest, *([room.loaded] if room.loaded else [])}:
+                out[endpoint] = room
+        return out
+
+    def write(self, pipe: Any, model: str) -> None:
+        for name, room in self.rooms.items():
+            room_key, members_key = _room_keys(name)
+            if room.loaded is not None:
+                ready = "" if room.ready is None else repr(room.ready)
+                pipe.hset(room_key, mapping={"loaded": room.loaded, "ready": ready})
+            if name in self.join:
+                pipe.sadd(members_key, model)
 
 
 # Redis unreachable: this instance's workers schedule among themselves, on their SQLite file,

@@ -297,7 +297,7 @@ def _scheduler(settings: Settings, shared: Path) -> Scheduler:
     patience = min(5.0, settings.queue_wait / 4)
     store: Store = LocalStore(shared, fair, patience)
     if settings.redis_url:
-        store = Shared(RedisStore(settings.redis_url, settings.redis_timeout, fair), store)
+        store = Shared(RedisStore(settings.redis_url, settings.redis_timeout, fair, patience), store)
     return Scheduler(store, settings.queue_wait, settings.queue_per_key)
 
 
