@@ -4,12 +4,19 @@ makes room by memory and starts the engine (stand-ins for llama-server)."""
 from __future__ import annotations
 
 import concurrent.futures
+import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
 
+from tests.conftest import REPO
 from tests.gateway.harness import gateway, wait_until
 from tests.node.agents import Agent, Fleet, chat_model, stand_in_bin
+
+sys.path.insert(0, str(REPO / "tests" / "gateway"))
+from redis_server import redis_server  # noqa: E402
 
 TOKEN = "a-token-for-both"
 
@@ -138,3 +145,53 @@ def test_the_agents_status_answers_a_waiting_caller_when_a_state_changes(tmp_pat
         assert moved["replicas"][0]["state"] != "idle", moved["replicas"][0]
     finally:
         agent.stop()
+
+
+def test_two_gateway_instances_on_redis_take_turns_so_a_steady_stream_starves_nothing(tmp_path: Path) -> None:
+    """Swap-aware on-demand across instances (issue 34): with the line on Redis, a steady
+    stream for `a` through two gateways lets a lone request for `b` in once it has waited its
+    patience, on a node with room for one; each instance deciding alone never drained `a`."""
+    fleet = Fleet(tmp_path / "fleet", others=False, memory_gb=0.8)
+    env = {"LLMGW_AGENT_TOKEN": TOKEN, "STAND_IN_LOAD_S": "0.3", "STAND_IN_SERVICE_S": "0.2"}
+    agent = Agent(fleet, stand_in_bin(tmp_path / "bin", "llama-server"), **env)
+    fleet.agent_at(agent.status_url)
+    fleet.plan({"a.yaml": on_demand("a"), "b.yaml": on_demand("b")})
+    agent.start()
+    # Patience min(5 s, LLMGW_QUEUE_WAIT / 4) = 3 s; `b` gives up after 12 s.
+    gw_env = {"LLMGW_AGENT_TOKEN": TOKEN, "LLMGW_QUEUE_WAIT": "12", "LLMGW_LOAD_TIMEOUT": "12"}
+    stop = threading.Event()
+
+    def chat(url: str, name: str) -> httpx.Response:
+        body = {"model": name, "messages": [{"role": "user", "content": "hi"}]}
+        return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+
+    def stream_of_a(url: str) -> list[int]:
+        statuses = []
+        while not stop.is_set():
+            statuses.append(chat(url, "a").status_code)
+        return statuses
+
+    try:
+        with (
+            redis_server(_made(tmp_path / "redis")) as redis,
+            gateway(fleet.plan_path, LLMGW_REDIS_URL=redis.url, **gw_env) as one,
+            gateway(fleet.plan_path, LLMGW_REDIS_URL=redis.url, **gw_env) as two,
+            concurrent.futures.ThreadPoolExecutor(6) as pool,
+        ):
+            streams = [pool.submit(stream_of_a, gw.url) for gw in (one, two, one, two, one, two)]
+            agent.wait_state("a", "ready")
+            began = time.monotonic()
+            lone = chat(two.url, "b")
+            waited = time.monotonic() - began
+            stop.set()
+            of_a = [status for s in streams for status in s.result()]
+        assert lone.status_code == 200, f"b after {waited:.1f} s beside a steady stream for a: {lone.text}"
+        assert set(of_a) == {200}, sorted(set(of_a))
+    finally:
+        stop.set()
+        agent.stop()
+
+
+def _made(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
