@@ -182,18 +182,21 @@ class Gateway:
         return children(self.proc.pid)
 
     def every_worker(self, check: Any, timeout: float, what: str) -> dict[int, dict[str, Any]]:
-        """Poll /readyz until every live worker has answered once with `check(answer)` true.
+        """Poll /readyz until every live worker's word passes `check(word)`.
 
-        Which worker takes a new connection is up to the kernel, so each worker is heard
-        from by asking again, and its latest answer is the one that counts: a worker that
-        has not yet looked at the plan file cannot pass for one that has.
+        Any worker answers for all (state/workers.py): the kernel hands new connections to
+        whichever worker wakes first, which on a quiet machine was nearly always the same one,
+        so asking until each had answered could wait on one for good. A worker not yet in
+        the answer (still starting) is waited for; a word is the answer's own fields.
         """
         latest: dict[int, dict[str, Any]] = {}
 
         def done() -> bool:
-            with httpx.Client(timeout=10) as fresh:  # a new connection, so maybe a new worker
+            with httpx.Client(timeout=10) as fresh:
                 ready = fresh.get(self.url + "/readyz", headers=self.probe_headers()).json()
-            latest[ready["pid"]] = ready
+            latest.clear()
+            for pid, word in ready["workers"].items():
+                latest[int(pid)] = {"status": ready["status"], "pid": int(pid), **word}
             pids = self.worker_pids()
             # Fewer than started: gunicorn is still forking them, or replacing one.
             return len(pids) >= self.workers and all(p in latest and check(latest[p]) for p in pids)
@@ -206,9 +209,9 @@ class Gateway:
                 raise AssertionError(f"{exc}\n{ended}\n{self.log()[-4000:]}") from None
             pids = self.worker_pids()
             raise AssertionError(
-                f"{exc}\nworkers {pids} answered {latest}\n{self.stacks_of(pids - latest.keys())}"
+                f"{exc}\nworkers {pids} said {latest}\n{self.stacks_of(pids - latest.keys())}"
             ) from None
-        return latest
+        return {p: latest[p] for p in self.worker_pids() if p in latest}
 
     def stacks_of(self, pids: set[int]) -> str:
         """What silent workers are doing: SIGABRT makes faulthandler (PYTHONFAULTHANDLER, set

@@ -1,8 +1,9 @@
 """What the dashboard and /readyz say is the same whichever worker answers: the usage
 figures (summed over every worker), a refused deploy, refused keys and the served plan.
 
-Each test asks with a fresh connection until every worker has answered, since the kernel
-picks the worker, and checks each worker's own answer.
+/readyz answers for every worker; for the dashboard, each test asks with a fresh connection
+until every worker has answered, since the kernel picks the worker, and checks each
+worker's own answer.
 """
 
 from __future__ import annotations
@@ -147,8 +148,8 @@ def test_a_keys_page_shows_its_limits_and_usage_to_the_admin_only_and_never_the_
     assert missing.status_code == 404
 
 
-def refused_on_readyz(answer: httpx.Response) -> bool:
-    return bool(answer.json()["last_reload"]["result"] == "refused")
+def refused_on_readyz(word: dict[str, Any]) -> bool:
+    return bool(word["last_reload"]["result"] == "refused")
 
 
 def test_a_refused_deploy_is_reported_by_every_worker_on_readyz_and_the_dashboard(
@@ -162,12 +163,10 @@ def test_a_refused_deploy_is_reported_by_every_worker_on_readyz_and_the_dashboar
     assert answer.status_code == 422, answer.text
     reason = answer.json()["error"]["message"].split(": ", 1)[1]
 
-    ready = from_every_worker(
-        gw, "/readyz", lambda a: int(a.json()["pid"]), refused_on_readyz, "the refused deploy on /readyz"
-    )
-    for pid, a in ready.items():
-        assert a.json()["digest"] == doc["digest"], f"worker {pid} serves another plan"
-        assert a.json()["last_reload"]["reason"] == reason, f"worker {pid} gives another reason"
+    ready = gw.every_worker(refused_on_readyz, 20, "the refused deploy on /readyz")
+    for pid, word in ready.items():
+        assert word["digest"] == doc["digest"], f"worker {pid} serves another plan"
+        assert word["last_reload"]["reason"] == reason, f"worker {pid} gives another reason"
     statuses = from_every_worker(
         gw,
         "/dashboard/status.json",
@@ -185,11 +184,9 @@ def test_a_refused_deploy_is_reported_by_every_worker_on_readyz_and_the_dashboar
         gw.url + "/admin/plan", json=good.doc, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
     )
     assert answer.status_code == 200, answer.text
-    from_every_worker(
-        gw,
-        "/readyz",
-        lambda a: int(a.json()["pid"]),
-        lambda a: a.json()["digest"] == good.digest and a.json()["last_reload"]["result"] == "loaded",
+    gw.every_worker(
+        lambda w: w["digest"] == good.digest and w["last_reload"]["result"] == "loaded",
+        20,
         "the good plan, with no refusal",
     )
 
@@ -202,11 +199,11 @@ def test_a_refused_keys_file_is_reported_by_every_worker_and_its_dashboard(
     tmp.write_text("keys: [{name: broken}]\n")
     tmp.replace(keys)
 
-    def keys_refused(answer: httpx.Response) -> bool:
-        return bool(answer.json()["keys"]["result"] == "refused")
+    def keys_refused(word: dict[str, Any]) -> bool:
+        return bool(word["keys"]["result"] == "refused")
 
-    ready = from_every_worker(gw, "/readyz", lambda a: int(a.json()["pid"]), keys_refused, "the refused keys")
-    reasons = {a.json()["keys"]["reason"] for a in ready.values()}
+    ready = gw.every_worker(keys_refused, 20, "the refused keys")
+    reasons = {w["keys"]["reason"] for w in ready.values()}
     assert len(reasons) == 1, f"the workers give different reasons: {reasons}"
     from_every_worker(
         gw,
@@ -223,9 +220,9 @@ def test_a_refused_keys_file_is_reported_by_every_worker_and_its_dashboard(
     replaced = min(ready)
     os.kill(replaced, signal.SIGTERM)
     wait_until(lambda: replaced not in gw.worker_pids() and len(gw.worker_pids()) == 2, 30, "a new worker")
-    again = from_every_worker(gw, "/readyz", lambda a: int(a.json()["pid"]), keys_refused, "the refused keys")
+    again = gw.every_worker(keys_refused, 20, "the refused keys")
     assert replaced not in again
-    assert {a.json()["keys"]["reason"] for a in again.values()} == reasons
+    assert {w["keys"]["reason"] for w in again.values()} == reasons
     assert gw.proc.poll() is None, f"the gateway stopped:\n{gw.log()}"
     # The old keys keep working.
     answer = httpx.post(
@@ -235,3 +232,30 @@ def test_a_refused_keys_file_is_reported_by_every_worker_and_its_dashboard(
         json={"model": "chat", "messages": []},
     )
     assert answer.status_code == 200, answer.text
+
+
+def test_readyz_answers_for_every_worker_and_forgets_a_dead_one(
+    served: tuple[Gateway, dict[str, Any], Path],
+) -> None:
+    """Any worker's /readyz holds every live worker's word: asking until each had answered
+    could wait for good on a quiet machine, where the kernel gave one worker nearly every
+    new connection."""
+    gw, doc, _ = served
+    workers = httpx.get(gw.url + "/readyz", timeout=10).json()["workers"]
+    assert {int(p) for p in workers} == gw.worker_pids(), workers
+    for word in workers.values():
+        assert word["digest"] == doc["digest"] and word["last_reload"] == {"result": "loaded"}, word
+    gone = min(gw.worker_pids())
+    os.kill(gone, signal.SIGKILL)
+    wait_until(lambda: gone not in gw.worker_pids() and len(gw.worker_pids()) == 2, 30, "a new worker")
+    after = wait_until(
+        lambda: _words_of(gw) if {int(p) for p in _words_of(gw)} == gw.worker_pids() else None,
+        20,
+        "the new worker's word",
+    )
+    assert str(gone) not in after, "the killed worker still speaks on /readyz"
+
+
+def _words_of(gw: Gateway) -> dict[str, Any]:
+    words: dict[str, Any] = httpx.get(gw.url + "/readyz", timeout=10).json()["workers"]
+    return words

@@ -25,6 +25,7 @@ from llmgw.gateway.state.keys import Keys, Tenant, rfc3339
 from llmgw.gateway.state.loaded import Loaded
 from llmgw.gateway.state.reload import PlanState, PlanWriteError
 from llmgw.gateway.state.routes import DnsGroup
+from llmgw.gateway.state.workers import Workers
 from llmgw.plan import Plan, dump_plan
 
 
@@ -113,16 +114,31 @@ class Readyz:
         self.token = token
         self.keys = keys
         self.limiter = limiter
+        self.workers: Workers | None = None  # set by the app: every worker's word
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         check_metrics_token(self.token, req.get_header("Authorization"))
-        state = self.state
-        doc = {
+        doc: dict[str, Any] = {
             "status": "ready",
             "pid": os.getpid(),
             # Tasks alive in this worker, this request's own included: a leak shows as a
             # count that grows with every misbehaving engine or client (tests watch it).
             "tasks": len(asyncio.all_tasks()),
+        }
+        if self.workers is None:
+            doc |= self.describe()
+        else:
+            # Every worker's word (state/workers.py): which one answers is the kernel's choice.
+            workers = self.workers.everyone()
+            doc |= workers[str(os.getpid())]
+            doc["workers"] = workers
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = json.dumps(doc).encode()
+
+    def describe(self) -> dict[str, Any]:
+        """What this worker serves: its plan, last reload, keys and limits."""
+        state = self.state
+        doc: dict[str, Any] = {
             "digest": state.table.digest,
             "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.loaded_at)),
             "models": len(state.table.models),
@@ -145,8 +161,7 @@ class Readyz:
             doc["limits"] = {"store": "sqlite", "state": "local"}
         if state.table.groups:
             doc["discovery"] = [_group_status(g) for g in state.table.groups.values()]
-        resp.content_type = falcon.MEDIA_JSON
-        resp.data = json.dumps(doc).encode()
+        return doc
 
 
 def _group_status(group: DnsGroup) -> dict[str, Any]:

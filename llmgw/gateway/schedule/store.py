@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from llmgw.gateway.schedule.policy import Ledger, Room, Waiter, grants
+from llmgw.gateway.state.workers import alive
 
 FILE_NAME = "llmgw-schedule.sqlite"
 # A lease lapses this long after its holder last renewed it: a worker renews every third of
@@ -132,16 +133,6 @@ def decode_slots(text: str) -> tuple[dict[str, int], dict[str, str]]:
 def _rooms_text(rooms: Mapping[str, str]) -> str:
     # "|a|b|": found again with LIKE '%|a|%'
     return "|" + "|".join(sorted(set(rooms.values()))) + "|" if rooms else ""
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive, just not ours to signal
-    return True
 
 
 class LocalStore:

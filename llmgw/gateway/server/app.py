@@ -49,6 +49,7 @@ from llmgw.gateway.state.outlier import Outliers, RetryBudget, replica_states
 from llmgw.gateway.state.rates import Samples
 from llmgw.gateway.state.reload import PlanState, settle_heap
 from llmgw.gateway.state.routes import RouteTable
+from llmgw.gateway.state.workers import Workers
 from llmgw.gateway.upstream import FastTransport, Upstream
 
 log = logging.getLogger("llmgw.gateway")
@@ -126,6 +127,7 @@ class Lifecycle:
         self.upstream = upstream
         self.settings = settings
         self.tasks: list[asyncio.Task[None]] = []
+        self.workers: Workers | None = None
 
     async def process_startup(self, scope: Any, event: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -142,6 +144,9 @@ class Lifecycle:
         ]
         if self.keys is not None:
             self.tasks.append(loop.create_task(self.keys.watch(self.settings.reload_interval)))
+        if self.workers is not None:
+            # What /readyz says of this worker when another answers.
+            self.tasks.append(loop.create_task(self.workers.watch(self.settings.reload_interval)))
 
     async def process_shutdown(self, scope: Any, event: Any) -> None:
         for task in self.tasks:
@@ -221,7 +226,9 @@ def create_app(
         )
     app.add_route("/healthz", Healthz())
     app.add_route("/openapi.json", OpenApi())
-    app.add_route("/readyz", Readyz(state, settings.metrics_token, keys, limiter))
+    readyz = Readyz(state, settings.metrics_token, keys, limiter)
+    readyz.workers = lifecycle.workers = Workers(shared, readyz.describe)
+    app.add_route("/readyz", readyz)
     app.add_route("/metrics", Metrics(state, settings.metrics_token, scheduler))
     app.add_route("/admin/plan", AdminPlan(state, settings.admin_token, settings.max_body_bytes))
     admin_keys = AdminKeys(keys, limiter, settings.admin_token)

@@ -16,6 +16,8 @@ _METRICS_FILE = re.compile(r"^(counter|gauge|histogram|summary)_.*\.db$")
 # The dashboard's readings of those files (rates.FILE_NAME; not imported, since that would
 # load prometheus_client into gunicorn's master): last run's totals are no baseline for this one's.
 USAGE_READINGS = "llmgw-usage-readings.json"
+# state/workers.DIRECTORY, not imported: llmgw.gateway's package loads the whole app.
+WORKERS = "llmgw-workers"
 
 
 def on_starting(server: Any) -> None:
@@ -27,14 +29,19 @@ def on_starting(server: Any) -> None:
     for path in Path(directory).iterdir():
         if _METRICS_FILE.match(path.name) or path.name == USAGE_READINGS:
             path.unlink(missing_ok=True)
+    # Last run's workers' words for /readyz: a pid reused since would speak for the dead.
+    shutil.rmtree(Path(directory) / WORKERS, ignore_errors=True)
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    # A dead worker's live gauges (replica health, plan digest) must leave /metrics with it.
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    # A dead worker's live gauges (replica health, plan digest) must leave /metrics with it,
+    # and its word /readyz (state/workers.py).
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]  # unannotated upstream
+        (Path(directory) / WORKERS / f"{worker.pid}.json").unlink(missing_ok=True)
 
 
 def on_exit(server: Any) -> None:
