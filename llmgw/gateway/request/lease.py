@@ -61,7 +61,6 @@ class Leases:
         self.load_timeout = load_timeout
         self.loaded = loaded
         self.token = token if token is not None else os.environ.get("LLMGW_AGENT_TOKEN")
-        self.held: dict[str, int] = {}
         self.agent_timeout = agent_timeout
         self.client = httpx.AsyncClient(trust_env=False, timeout=agent_timeout)
         self.releases: set[asyncio.Task[None]] = set()
@@ -87,12 +86,10 @@ class Leases:
         lease, said, _ = await self._ask(model, replica, 0.0)
         if lease is not None:
             return lease
-        self.held[model] = self.held.get(model, 0) + 1
         metrics.labelled(metrics.HELD, model).inc()
         try:
             return await self._wait(model, replica, started, said)
         finally:
-            self.held[model] -= 1
             metrics.labelled(metrics.HELD, model).dec()
             metrics.labelled(metrics.LOAD_WAIT, model).observe(time.monotonic() - started)
 

@@ -241,7 +241,7 @@ class RedisStore:
                     pipe.multi()
                     state.write(pipe, keys)
                     if rooms is not None:
-                        rooms.write(pipe, model)
+                        rooms.write(pipe, model, state.joined_rooms)
                     pipe.execute()
                     return granted
                 except redis.WatchError:
@@ -285,7 +285,7 @@ class RedisStore:
             room.ready = float(ready) if ready else (None if endpoint else 0.0)
             if endpoint is not None and room.ready is None and (name, endpoint) in state.freed:
                 room.ready = now  # its first slot given back: the engine has loaded
-            rooms.add(name, room, state.joined_rooms)
+            rooms.rooms[name] = room
         return rooms
 
 
@@ -412,12 +412,6 @@ class _Rooms:
 
     def __init__(self) -> None:
         self.rooms: dict[str, Room] = {}
-        self.join: set[str] = set()  # Rooms the deciding model is to be named a member of
-
-    def add(self, name: str, room: Room, joined: set[str]) -> None:
-        self.rooms[name] = room
-        if name in joined:
-            self.join.add(name)
 
     def by_endpoint(self) -> dict[str, Room]:
         out: dict[str, Room] = {}
@@ -426,13 +420,14 @@ class _Rooms:
                 out[endpoint] = room
         return out
 
-    def write(self, pipe: Any, model: str) -> None:
+    def write(self, pipe: Any, model: str, joined: set[str]) -> None:
+        """The Rooms as the decision left them; `model` named a member of those it `joined`."""
         for name, room in self.rooms.items():
             room_key, members_key = _room_keys(name)
             if room.loaded is not None:
                 ready = "" if room.ready is None else repr(room.ready)
                 pipe.hset(room_key, mapping={"loaded": room.loaded, "ready": ready})
-            if name in self.join:
+            if name in joined:
                 pipe.sadd(members_key, model)
 
 

@@ -26,6 +26,7 @@ from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
 from llmgw.gateway.settings import RETIRED, settings_from_env
 from llmgw.gateway.state.keys import keys_from_settings
 from llmgw.gateway.state.reload import last_good_path, read_table
+from llmgw.gateway.state.workers import alive
 from llmgw.plan import PlanProfile, PlanReplica, read_plan
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
@@ -90,18 +91,8 @@ def sweep_orphaned_metrics_dirs() -> None:
     """
     for path in Path(tempfile.gettempdir()).glob(f"{_MADE_PREFIX}*-*"):
         pid = path.name.removeprefix(_MADE_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive, and not ours to sweep
-    return True
 
 
 def check_bind(bind: str) -> None:
