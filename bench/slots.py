@@ -2,7 +2,9 @@
 local store (llmgw/gateway/schedule/store.py: the SQLite file one instance's workers
 share), beside a reference run in the same turns: one empty write transaction on a file of
 its own, taken in turn on a lock file as the store's are. The ratio is the figure to hold:
-what a slot costs in empty transactions, whatever the machine.
+what a slot costs in empty transactions, whatever the machine. Twice: requests that take
+over the slot the one before gave back (one replica, or routing's same first choice), and
+requests whose routing turns to the other replica each time, which cannot.
 
     .venv/bin/python bench/slots.py [--requests 5000] [--turns 7]
 
@@ -30,11 +32,14 @@ from llmgw.gateway.schedule.store import Ask, LocalStore  # noqa: E402
 ENDPOINTS = {"http://127.0.0.1:9001": 4, "http://127.0.0.1:9002": 4}
 
 
-def slots(store: LocalStore, requests: int) -> float:
-    """Microseconds per request: a slot taken, then given back."""
+def slots(store: LocalStore, requests: int, turning: bool = False) -> float:
+    """Microseconds per request: a slot taken, then given back. `turning`: routing prefers
+    the other replica each time, so no request takes over the slot the one before gave back."""
     began = time.perf_counter()
+    order = tuple(ENDPOINTS)
     for n in range(requests):
-        waiter = Waiter(f"r{n}", "key", 1, 1.0, time.time(), 1.0, tuple(ENDPOINTS))
+        candidates = order[::-1] if turning and n % 2 else order
+        waiter = Waiter(f"r{n}", "key", 1, 1.0, time.time(), 1.0, candidates)
         endpoint, _ = store.ask(Ask("chat", waiter, ENDPOINTS, 100))
         assert endpoint is not None
         store.give_back("chat", waiter.id)
@@ -69,16 +74,18 @@ def main() -> None:
         directory = Path(tmp)
         store = LocalStore(directory)
         slots(store, 200)  # warm: the first statements are prepared
-        taken, reference = [], []
+        slots(store, 200, turning=True)
+        taken, turning, reference = [], [], []
         for _ in range(args.turns):
             taken.append(slots(store, args.requests))
+            turning.append(slots(store, args.requests, turning=True))
             reference.append(empty_writes(directory, args.requests))
         store.close()
-    slot, empty = statistics.median(taken), statistics.median(reference)
+    slot, turned, empty = (statistics.median(t) for t in (taken, turning, reference))
     print(f"{args.turns} turns of {args.requests} requests, median of the turns:")
-    print(f"  a slot taken and given back   {slot:7.1f} us")
-    print(f"  one empty write transaction   {empty:7.1f} us")
-    print(f"  ratio                         {slot / empty:7.2f} empty transactions a request")
+    print(f"  a slot taken and given back            {slot:7.1f} us  {slot / empty:5.2f} empty transactions")
+    print(f"  the same, routing turning each time    {turned:7.1f} us  {turned / empty:5.2f}")
+    print(f"  one empty write transaction            {empty:7.1f} us")
 
 
 if __name__ == "__main__":

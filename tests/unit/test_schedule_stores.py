@@ -77,6 +77,30 @@ def test_a_slot_given_back_goes_to_the_key_with_least_service(store: Store) -> N
     assert store.granted("m", quiet.waiter.id) == A
 
 
+def test_a_slot_given_back_while_nobody_waited_goes_to_one_who_waits_since(tmp_path: Path) -> None:
+    """A worker frees a slot given back while nobody waited with its next write, and a request
+    of its own that wants the same replica takes the slot over then; but not past a request
+    that another worker queued meanwhile: that one goes first."""
+    worker, other = LocalStore(tmp_path), LocalStore(tmp_path)
+    first = ask("k", {A: 1})
+    assert worker.ask(first)[0] == A
+    assert worker.give_back("m", first.waiter.id) == [], "nobody waits: freed later"
+    again = ask("k", {A: 1})
+    assert worker.ask(again)[0] == A, "the next request takes the slot over"
+    assert worker.in_use() == {A: 1}
+    worker.give_back("m", again.waiter.id)
+    queued = ask("other", {A: 1})
+    assert other.ask(queued)[0] is None, "the lease given back is not freed yet"
+    late = ask("k", {A: 1})
+    endpoint, woken = worker.ask(late)
+    assert endpoint is None, "a newcomer does not take over a slot someone waits for"
+    assert woken == [queued.waiter.id]
+    assert other.granted("m", queued.waiter.id) == A
+    assert worker.in_use() == {A: 1}
+    worker.close()
+    other.close()
+
+
 def test_a_high_band_goes_before_a_normal_flood(store: Store) -> None:
     held = ask("flood", {A: 1})
     store.ask(held)

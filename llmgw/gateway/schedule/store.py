@@ -154,6 +154,10 @@ class LocalStore:
         # write (or by `flush`, which the scheduler calls within FLUSH_AFTER): one transaction
         # per request instead of two, when nothing waits; someone waiting frees them at once.
         self.later: list[tuple[str, str]] = []
+        # The replica of each lease this worker took while nobody waited (and outside a Room):
+        # a later request that would take a slot of the same replica takes such a lease over
+        # from `later` in one statement, instead of freeing it and counting the replica's slots.
+        self.fast: dict[str, str] = {}
 
     @property
     def pending(self) -> bool:
@@ -179,6 +183,8 @@ class LocalStore:
     def ask(self, ask: Ask) -> tuple[str | None, list[str]]:
         waiter = ask.waiter
         now = time.time()
+        if self.later and not (ask.rooms and self.fair) and self._take_over(ask, now):
+            return waiter.candidates[0], []
         with self._write() as db:
             woken = self._free_later(now)
             if not (ask.rooms and self.fair) and not self._anyone_waits(ask.model):
@@ -188,6 +194,8 @@ class LocalStore:
                 for endpoint in waiter.candidates:
                     if free.get(endpoint, 0) > 0:
                         self._lease(ask.model, waiter, endpoint, 0.0, self.pid, now, "")
+                        if not ask.rooms:
+                            self.fast[waiter.id] = endpoint
                         return endpoint, list(woken)
             mine, in_band = db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(band = ?), 0) FROM waiting WHERE model = ? AND key = ?",
@@ -218,7 +226,33 @@ class LocalStore:
         if not correction and not self._anyone_waits(model):
             self.later.append((model, id))
             return []
+        self.fast.pop(id, None)
         return self._free_lease(model, id, correction, unqueue=False)
+
+    def _take_over(self, ask: Ask, now: float) -> bool:
+        """Hand a lease given back lazily to this request, when it is of the replica routing
+        prefers above all and nobody waits for the model: what freeing it and taking a slot
+        would have done, in one statement instead of seven."""
+        waiter, model = ask.waiter, ask.model
+        given = [id for m, id in self.later if m == model and self.fast.get(id) == waiter.candidates[0]]
+        if not given:
+            return False
+        id = given[0]
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        try:
+            # One statement is one transaction: no BEGIN and COMMIT around it.
+            taken = self.db.execute(
+                "UPDATE lease SET id = ?, key = ?, share = ?, cost = 0, pid = ?, expires = ? "
+                "WHERE id = ? AND NOT EXISTS (SELECT 1 FROM waiting WHERE model = ?)",
+                (waiter.id, waiter.key, waiter.share, self.pid, now + LEASE_TTL, id, model),
+            ).rowcount
+        finally:
+            fcntl.flock(self.lock, fcntl.LOCK_UN)
+        if taken != 1:
+            return False  # someone waits (or the lease lapsed): the policy decides
+        self.later.remove((model, id))
+        self.fast[waiter.id] = self.fast.pop(id)
+        return True
 
     def flush(self) -> list[str]:
         """Free the leases given back while nobody waited; the ids granted."""
@@ -300,6 +334,7 @@ class LocalStore:
             return {}
         later, self.later = self.later, []
         for _, id in later:
+            self.fast.pop(id, None)
             freed = self.db.execute("DELETE FROM lease WHERE id = ? RETURNING room, endpoint", (id,))
             for room, endpoint in freed.fetchall():
                 self._ready(room, endpoint)
