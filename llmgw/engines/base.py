@@ -65,6 +65,9 @@ class Engine(ABC):
     # Ready is a 200 here; anything else that answers is still loading (llama.cpp and vLLM
     # both answer 503 while the weights load), and no answer at all is still starting.
     health_path: ClassVar[str] = "/health"
+    # An idle engine that keeps nothing an orderly exit would save is stopped with SIGKILL
+    # when evicted or idle-stopped: its SIGTERM exit is time a swap waits for.
+    killed_when_idle: ClassVar[bool] = False
     # Flag → why llmgw's own setting must stand (args-owned), and flag → what it lets the
     # engine do beyond answering requests (args-risky).
     owned_flags: ClassVar[Mapping[str, str]] = {}

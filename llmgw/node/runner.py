@@ -332,12 +332,12 @@ class Runner:
         self._set("stopped")
 
     async def park(self, message: str) -> None:
-        """Stop an on-demand engine until it is asked for again."""
-        await self._halt()
+        """Stop an idle on-demand engine until it is asked for again."""
+        await self._halt(at_once=not self.leases and engine(self.want.profile.engine).killed_when_idle)
         self._set("idle", message)
 
-    async def _halt(self) -> None:
-        """SIGTERM to the engine's process group, SIGKILL after the grace period."""
+    async def _halt(self, at_once: bool = False) -> None:
+        """SIGTERM to the engine's process group, SIGKILL after the grace period (or at once)."""
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -345,10 +345,10 @@ class Runner:
         process = self.process
         if process is not None and process.alive():
             self._set("stopping")
-            process.signal(15)
+            process.signal(signal.SIGKILL if at_once else signal.SIGTERM)
             if not await asyncio.to_thread(process.wait_gone, self.settings.grace_s):
                 log.warning("%s did not stop within %g s; killing it", self.want.key, self.settings.grace_s)
-                process.signal(9)
+                process.signal(signal.SIGKILL)
                 await asyncio.to_thread(process.wait_gone, 10.0)
         drop_record(self.settings.state_dir, self.want.key)
         self.process = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,25 @@ def test_acquiring_b_evicts_the_idle_a_when_both_do_not_fit(
     ).stdout
     assert "0.1 GB always-on + 0.5 GB on demand of 0.8 GB" in table, table
     assert "evicted to make room for b" in table and "on-demand" in table, table
+
+
+def test_a_swap_does_not_wait_out_the_evicted_engines_orderly_exit(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    """An idle llama-server keeps nothing an orderly exit would save, so the agent evicts it
+    with SIGKILL: here one that ignores SIGTERM (as a slow exit at its worst) would otherwise
+    hold b's start for the agent's whole grace from SIGTERM to SIGKILL (5 s here)."""
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir, STAND_IN_IGNORE_TERM="1")
+    agent.wait_state("c", "ready")
+    release(agent, acquire(agent, where["a"]).json()["lease"])
+    [a_pid] = pids_of(agent, where["a"])
+    asked = time.monotonic()
+    answer = acquire(agent, where["b"])
+    assert answer.status_code == 200, answer.text
+    assert time.monotonic() - asked < 2.5, "b's start waited for a's orderly exit"
+    assert not alive(a_pid)
+    assert agent.replicas()["a"]["message"] == "evicted to make room for b"
 
 
 def test_an_engine_with_a_request_in_flight_is_never_evicted(
