@@ -20,6 +20,12 @@ CPU as it can: on a 2-core machine it, the engine and the proxy share the cores,
 figures understate what either proxy does on a machine of its own. nginx is skipped, and
 said so, when it is not installed (`apt-get install nginx-light`).
 
+--litellm PATH adds LiteLLM's proxy (the `litellm` command of a virtualenv of its own:
+`python3 -m venv /tmp/litellm && /tmp/litellm/bin/pip install 'litellm[proxy]'`; it is no
+dependency of llmgw) in the same turns, forwarding to the same engine with as many workers,
+and prints the gateway's added latency as a fraction of LiteLLM's. Its price list is read
+from the package (LITELLM_LOCAL_MODEL_COST_MAP), so it reaches nothing beyond the machine.
+
 --traced adds a second gateway, `traced`, exporting a span per request by OTLP/HTTP to a
 receiver on loopback (tests/gateway/otlp_receiver.py, decoding each batch as a collector
 would), in the same turns: what tracing costs, beside the same gateway without it.
@@ -213,6 +219,51 @@ def nginx(engine_url: str, workers: int) -> Iterator[str | None]:
             harness.stop(proc)
 
 
+LITELLM_CONFIG = """\
+model_list:
+  - model_name: bench
+    litellm_params:
+      model: openai/bench
+      api_base: {engine}/v1
+      api_key: none
+litellm_settings:
+  telemetry: false
+general_settings:
+  # The gateway in this bench has no keys either: both accept every request.
+  dangerously_permit_weak_or_unset_master_key: true
+"""
+# Its access log off, as the gateway's is here (uvicorn's logger, which LiteLLM's server uses).
+LITELLM_LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "loggers": {"uvicorn.access": {"level": "WARNING"}},
+}
+
+
+@contextlib.contextmanager
+def litellm(binary: str | None, engine_url: str, workers: int) -> Iterator[tuple[str, int] | None]:
+    """LiteLLM's proxy forwarding to the engine, and its process id; None when not asked for."""
+    if binary is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        port = harness.free_port()
+        config = Path(tmp) / "config.yaml"
+        config.write_text(LITELLM_CONFIG.format(engine=engine_url))
+        logging = Path(tmp) / "logging.json"
+        logging.write_text(json.dumps(LITELLM_LOGGING))
+        env = os.environ | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+        argv = [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--num_workers", str(workers), "--log_config", str(logging)]
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            harness.wait_until(lambda: _answers(url), 120, "LiteLLM's proxy to listen")
+            yield url, proc.pid
+        finally:
+            harness.stop(proc)
+
+
 @contextlib.contextmanager
 def floor(engine_url: str, workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """bench/proxy_floor.py under gunicorn, as many workers as the gateway: the least a proxy
@@ -264,6 +315,7 @@ def main() -> None:
         "--access-log", action="store_true", help="keep the JSON access log on (written to a file)"
     )
     parser.add_argument("--traced", action="store_true", help="and a gateway exporting traces")
+    parser.add_argument("--litellm", metavar="PATH", help="and LiteLLM's proxy: its `litellm` command")
     args = parser.parse_args()
     try:
         import uvloop
@@ -293,6 +345,7 @@ def main() -> None:
             floor(engine.url, args.workers) as (floor_url, floor_proc),
             harness.gateway(plan_path, workers=args.workers, **env) as gw,
             traced_gateway(plan_path, args.workers, env, args.traced) as traced,
+            litellm(args.litellm, engine.url, args.workers) as lite,
         ):
             urls = {"direct": engine.url}
             # With --traced, nginx sits out: a fifth target in the turns left each kept-alive
@@ -304,6 +357,9 @@ def main() -> None:
             if traced is not None:
                 urls["traced"] = traced[0].url
                 pids["traced"] = traced[0].worker_pids()
+            if lite is not None:
+                urls["litellm"] = lite[0]
+                pids["litellm"] = {lite[1], *harness.children(lite[1])}
             path = "/v1/chat/completions"
             samples = run(latency_blocks(urls, path, args.blocks, args.block_requests))
             # Throughput rounds take turns too, and the median of each figure is kept. CPU
@@ -332,9 +388,10 @@ def traced_gateway(
         return
     from otlp_receiver import otlp_receiver
 
-    with otlp_receiver() as receiver, harness.gateway(
-        plan_path, workers=workers, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, **env
-    ) as gw:
+    with (
+        otlp_receiver() as receiver,
+        harness.gateway(plan_path, workers=workers, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, **env) as gw,
+    ):
         yield gw, receiver
 
 
@@ -391,6 +448,13 @@ def report(
         f"{args.rounds} rounds; machine: {os.cpu_count()} cores"
     )
     print(f"rounds (gateway rps): {[round(r) for r in rps['gateway']]}")
+    if "litellm" in added:
+        print(
+            f"LiteLLM: added latency p50 {ms(added['litellm'])}, the gateway's {ms(added['gateway'])}: "
+            f"1/{added['litellm'] / added['gateway']:.0f} of it; CPU per request "
+            f"{statistics.median(cpu['litellm']) * 1e6:.0f} us; throughput "
+            f"{statistics.median(rps['gateway']) / statistics.median(rps['litellm']):.1f}x LiteLLM's"
+        )
     if "traced" in cpu:
         print(
             f"tracing: added latency p50 {ms(added['traced'] - added['gateway'])}, CPU per request "
