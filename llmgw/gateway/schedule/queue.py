@@ -36,8 +36,9 @@ POLL_MOST = 0.025
 # How often a waiter runs the policy itself, to take back the slots of a holder that died
 # without giving them back (on another machine: only once their lease lapses).
 DISPATCH_EVERY = 0.5
-# A slot given back while nobody waits is freed with the worker's next write, or this soon:
-# what another worker may wait for it at most, when it starts waiting just then.
+# A slot given back while nobody waits is freed with the worker's next write, or after it
+# has lain unused this long (found by a timer of this period, so at most twice this): what
+# another worker may wait for it at most, when it starts waiting just then.
 FLUSH_AFTER = 0.002
 
 
@@ -73,11 +74,17 @@ class Scheduler:
             asyncio.get_running_loop().call_later(FLUSH_AFTER, self._flush)
 
     def _flush(self) -> None:
+        # Only what has lain given back for FLUSH_AFTER: under a steady stream a lease given
+        # back is mostly taken over by the worker's next request before then, which a timer
+        # armed by an earlier lease had freed (a write, then another to take a slot again).
         self._flushing = False
         try:
-            self.wake(self.store.flush())
+            self.wake(self.store.flush(given_before=time.monotonic() - FLUSH_AFTER))
         except Exception:  # the next write frees them; a lease lapses in any case
             log.exception("could not free given back slots")
+        if self.store.pending:
+            self._flushing = True
+            asyncio.get_running_loop().call_later(FLUSH_AFTER, self._flush)
 
     def record(self, slots: Mapping[str, int], models: Iterable[str]) -> None:
         """Set the slot gauges for /metrics from the store, as it is scraped: the store

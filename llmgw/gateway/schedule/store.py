@@ -99,8 +99,9 @@ class Store(Protocol):
         """Leases given back but not yet freed: `flush` frees them."""
         ...
 
-    def flush(self) -> list[str]:
-        """Free what was given back lazily; the ids granted."""
+    def flush(self, given_before: float = math.inf) -> list[str]:
+        """Free what was given back lazily before `given_before` (time.monotonic()); the
+        ids granted."""
         ...
 
     def in_use(self, models: Iterable[str]) -> dict[str, int]:
@@ -153,7 +154,7 @@ class LocalStore:
         # Leases given back while nobody waited for their model, freed with this worker's next
         # write (or by `flush`, which the scheduler calls within FLUSH_AFTER): one transaction
         # per request instead of two, when nothing waits; someone waiting frees them at once.
-        self.later: list[tuple[str, str]] = []
+        self.later: dict[str, tuple[str, float]] = {}  # lease id → (model, given back when)
         # The replica of each lease this worker took while nobody waited (and outside a Room):
         # a later request that would take a slot of the same replica takes such a lease over
         # from `later`, instead of freeing it and counting the replica's slots. Such a lease
@@ -228,7 +229,7 @@ class LocalStore:
     def give_back(self, model: str, id: str, correction: float = 0.0) -> list[str]:
         id = self.rows.pop(id, id)
         if not correction and not self._anyone_waits(model):
-            self.later.append((model, id))
+            self.later[id] = (model, time.monotonic())
             return []
         self.fast.pop(id, None)
         return self._free_lease(model, id, correction, unqueue=False)
@@ -238,7 +239,8 @@ class LocalStore:
         prefers above all and nobody waits for the model: what freeing it and taking a slot
         would have done, with one read instead of a transaction of seven statements."""
         waiter, model = ask.waiter, ask.model
-        given = [id for m, id in self.later if m == model and self.fast.get(id) == waiter.candidates[0]]
+        first = waiter.candidates[0]
+        given = [id for id, (m, _) in self.later.items() if m == model and self.fast.get(id) == first]
         if not given:
             return False
         # Read, not written: a request another worker queues after this read waits behind
@@ -251,13 +253,14 @@ class LocalStore:
         ).fetchone()
         if not free:
             return False
-        self.later.remove((model, given[0]))
+        del self.later[given[0]]
         self.rows[waiter.id] = given[0]
         return True
 
-    def flush(self) -> list[str]:
-        """Free the leases given back while nobody waited; the ids granted."""
-        if not self.later:
+    def flush(self, given_before: float = math.inf) -> list[str]:
+        """Free the leases given back while nobody waited, if any was given back before
+        `given_before` (with every other); the ids granted."""
+        if not any(when < given_before for _, when in self.later.values()):
             return []
         with self._write():
             return list(self._free_later(time.time()))
@@ -333,14 +336,14 @@ class LocalStore:
         """Free the leases `give_back` left for this write; grant them to whoever waits now."""
         if not self.later:
             return {}
-        later, self.later = self.later, []
-        for _, id in later:
+        later, self.later = self.later, {}
+        for id in later:
             self.fast.pop(id, None)
             freed = self.db.execute("DELETE FROM lease WHERE id = ? RETURNING room, endpoint", (id,))
             for room, endpoint in freed.fetchall():
                 self._ready(room, endpoint)
         granted: dict[str, str] = {}
-        for model in {m for m, _ in later}:
+        for model in {m for m, _ in later.values()}:
             if self._anyone_waits(model):
                 granted |= self._dispatch(model, self._ledger(model), now)
         return granted

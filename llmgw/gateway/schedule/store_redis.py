@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -214,7 +215,7 @@ class RedisStore:
             answers = pipe.execute()
         return {m: int(n) for m, n in zip(names, answers, strict=True) if n}
 
-    def flush(self) -> list[str]:
+    def flush(self, given_before: float = math.inf) -> list[str]:
         return []
 
     def close(self) -> None:
@@ -527,8 +528,8 @@ class Shared:
     def pending(self) -> bool:
         return self.local.pending
 
-    def flush(self) -> list[str]:
-        return self.local.flush()
+    def flush(self, given_before: float = math.inf) -> list[str]:
+        return self.local.flush(given_before)
 
     def in_use(self, models: Iterable[str]) -> dict[str, int]:
         names = list(models)
