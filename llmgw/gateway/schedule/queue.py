@@ -82,6 +82,7 @@ class Scheduler:
             self.wake(self.store.flush(given_before=time.monotonic() - FLUSH_AFTER))
         except Exception:  # the next write frees them; a lease lapses in any case
             log.exception("could not free given back slots")
+            return  # not again every 2 ms: the next give_back tries again
         if self.store.pending:
             self._flushing = True
             asyncio.get_running_loop().call_later(FLUSH_AFTER, self._flush)

@@ -13,9 +13,11 @@ What is kept:
 - a row per waiting request, with its candidates and what each may hold;
 - each key's virtual service per model (policy.Ledger).
 
-A slot is granted only by the policy, run inside the transaction that frees it or queues a
-request, so the order is one order for every worker. A waiting request learns of its grant
-by finding a lease under its own id.
+While anyone waits for a model, its slots are granted only by the policy, run inside the
+transaction that frees one or queues a request, so the order is one order for every worker.
+A waiting request learns of its grant by finding a lease under its own id. While nobody
+waits, a request takes the first free slot routing prefers, or takes over the lease its
+worker's last request gave back (`_take_over`: one read, no write).
 """
 
 from __future__ import annotations
@@ -152,8 +154,8 @@ class LocalStore:
             self.db.execute(statement)
         self.lock = os.open(directory / (FILE_NAME + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         # Leases given back while nobody waited for their model, freed with this worker's next
-        # write (or by `flush`, which the scheduler calls within FLUSH_AFTER): one transaction
-        # per request instead of two, when nothing waits; someone waiting frees them at once.
+        # write (or by `flush`, once one has lain there FLUSH_AFTER): one transaction per
+        # request instead of two, when nothing waits; someone waiting frees them at once.
         self.later: dict[str, tuple[str, float]] = {}  # lease id → (model, given back when)
         # The replica of each lease this worker took while nobody waited (and outside a Room):
         # a later request that would take a slot of the same replica takes such a lease over
