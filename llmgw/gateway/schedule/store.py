@@ -262,7 +262,7 @@ class LocalStore:
     def flush(self, given_before: float = math.inf) -> list[str]:
         """Free the leases given back while nobody waited, if any was given back before
         `given_before` (with every other); the ids granted."""
-        if not any(when < given_before for _, when in self.later.values()):
+        if not any(when <= given_before for _, when in self.later.values()):
             return []
         with self._write():
             return list(self._free_later(time.time()))
