@@ -4,6 +4,7 @@ slots of a holder that died without giving them back."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.gateway.schedule.policy import Waiter
+from llmgw.gateway.schedule.queue import FLUSH_AFTER, Scheduler
 from llmgw.gateway.schedule.store import LEASE_TTL, Ask, LocalStore, QueueFull, Store
 from llmgw.gateway.schedule.store_redis import RedisStore
 from tests.conftest import REPO
@@ -99,6 +101,27 @@ def test_a_slot_given_back_while_nobody_waited_goes_to_one_who_waits_since(tmp_p
     assert worker.in_use() == {A: 1}
     worker.close()
     other.close()
+
+
+def test_a_slot_given_back_lazily_reaches_a_request_another_worker_queues_within_ms(
+    tmp_path: Path,
+) -> None:
+    """The worker's timer frees a slot nobody took over: a request queued by another worker
+    just after the give back is granted within a few milliseconds, not at the next write."""
+
+    async def scenario() -> str | None:
+        scheduler = Scheduler(LocalStore(tmp_path), wait=5.0, per_key=10)
+        other = LocalStore(tmp_path)
+        ticket = scheduler.ticket("m", "k", 1, 1.0, 1.0)
+        assert await ticket.take({A: 1}) == A
+        assert ticket.id is not None
+        ticket.give_back(ticket.id)
+        queued = ask("other", {A: 1})
+        assert other.ask(queued)[0] is None, "the slot given back is kept for a moment"
+        await asyncio.sleep(20 * FLUSH_AFTER)
+        return other.granted("m", queued.waiter.id)
+
+    assert asyncio.run(scenario()) == A
 
 
 def test_a_high_band_goes_before_a_normal_flood(store: Store) -> None:
