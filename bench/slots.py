@@ -8,6 +8,10 @@ requests whose routing turns to the other replica each time, which cannot.
 
     .venv/bin/python bench/slots.py [--requests 5000] [--turns 7]
 
+With redis-server installed (`apt-get install redis-server`; started on a loopback port,
+keeping nothing), the same on the Redis store of several instances, beside one PING in the
+same turns: what a slot costs there in round trips.
+
 The same in bench/gateway.py is part of the gateway's added latency, where it is too small
 beside the noise of a loaded 2-core machine to read.
 """
@@ -26,13 +30,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gateway"))
+
 from llmgw.gateway.schedule.policy import Waiter  # noqa: E402
-from llmgw.gateway.schedule.store import Ask, LocalStore  # noqa: E402
+from llmgw.gateway.schedule.store import Ask, LocalStore, Store  # noqa: E402
+from llmgw.gateway.schedule.store_redis import RedisStore  # noqa: E402
 
 ENDPOINTS = {"http://127.0.0.1:9001": 4, "http://127.0.0.1:9002": 4}
 
 
-def slots(store: LocalStore, requests: int, turning: bool = False) -> float:
+def slots(store: Store, requests: int, turning: bool = False) -> float:
     """Microseconds per request: a slot taken, then given back. `turning`: routing prefers
     the other replica each time, so no request takes over the slot the one before gave back."""
     began = time.perf_counter()
@@ -86,6 +93,36 @@ def main() -> None:
     print(f"  a slot taken and given back            {slot:7.1f} us  {slot / empty:5.2f} empty transactions")
     print(f"  the same, routing turning each time    {turned:7.1f} us  {turned / empty:5.2f}")
     print(f"  one empty write transaction            {empty:7.1f} us")
+    on_redis(args.requests, args.turns)
+
+
+def pings(store: RedisStore, requests: int) -> float:
+    began = time.perf_counter()
+    for _ in range(requests):
+        store.redis.ping()
+    return (time.perf_counter() - began) / requests * 1e6
+
+
+def on_redis(requests: int, turns: int) -> None:
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        print("Redis: redis-server not installed (apt-get install redis-server)")
+        return
+    from redis_server import redis_server
+
+    with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp)) as server:
+        store = RedisStore(server.url, timeout=1.0)
+        slots(store, 200)
+        taken, reference = [], []
+        for _ in range(turns):
+            taken.append(slots(store, requests // 5))
+            reference.append(pings(store, requests // 5))
+        store.close()
+    slot, ping = statistics.median(taken), statistics.median(reference)
+    print(f"Redis on loopback, {turns} turns of {requests // 5} requests:")
+    print(f"  a slot taken and given back            {slot:7.1f} us  {slot / ping:5.2f} round trips")
+    print(f"  one PING                               {ping:7.1f} us")
 
 
 if __name__ == "__main__":
