@@ -44,7 +44,12 @@ def bind_status(address: str) -> socket.socket:
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     try:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY)
+        # only on connections from a socket that says it is TCP, and with it on, every answer
+        # uvicorn wrote as head then body waited out the client's delayed ACK: 44 ms for each
+        # call to the agent, twice on the way to every on-demand start.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
     except (OSError, ValueError) as exc:
