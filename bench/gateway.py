@@ -210,13 +210,8 @@ def nginx(engine_url: str, workers: int) -> Iterator[str | None]:
         conf.write_text(
             NGINX_CONF.format(workers=workers, dir=tmp, port=port, engine=engine_url.removeprefix("http://"))
         )
-        proc = subprocess.Popen([binary, "-c", str(conf), "-p", tmp], stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            harness.wait_until(lambda: _answers(url), 10, "nginx to listen")
+        with _serving([binary, "-c", str(conf), "-p", tmp], port, "nginx", 10) as (url, _):
             yield url
-        finally:
-            harness.stop(proc)
 
 
 LITELLM_CONFIG = """\
@@ -255,13 +250,8 @@ def litellm(binary: str | None, engine_url: str, workers: int) -> Iterator[tuple
         env = os.environ | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
         argv = [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--num_workers", str(workers), "--log_config", str(logging)]
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            harness.wait_until(lambda: _answers(url), 120, "LiteLLM's proxy to listen")
+        with _serving(argv, port, "LiteLLM's proxy", 120, env) as (url, proc):
             yield url, proc.pid
-        finally:
-            harness.stop(proc)
 
 
 @contextlib.contextmanager
@@ -273,10 +263,19 @@ def floor(engine_url: str, workers: int) -> Iterator[tuple[str, subprocess.Popen
     argv = [sys.executable, "-m", "gunicorn", "proxy_floor:app", "--chdir", str(Path(__file__).parent)]
     argv += ["--worker-class", "uvicorn_worker.UvicornWorker", "--workers", str(workers)]
     argv += ["--bind", f"127.0.0.1:{port}", "--access-logfile", "/dev/null", "--error-logfile", "-"]
+    with _serving(argv, port, "the floor proxy", 20, env) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def _serving(
+    argv: list[str], port: int, what: str, timeout: float, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A proxy started on `port`, once it answers a chat request; stopped after."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        harness.wait_until(lambda: _answers(url), 20, "the floor proxy to listen")
+        harness.wait_until(lambda: _answers(url), timeout, f"{what} to listen")
         yield url, proc
     finally:
         harness.stop(proc)

@@ -60,8 +60,8 @@ class Settings:
     # An answer is cut off past this many bytes: no engine's honest answer comes near it,
     # and relaying an endless one would tie up a worker and the client's memory.
     max_response_bytes: int = 64 * 1024 * 1024
-    # On-demand engines (gateway/request/lease.py): how long a request waits for one to load, and
-    # how many may wait per model in one worker.
+    # On-demand engines (gateway/request/lease.py): how long a request waits for one to load
+    # (how many may wait is the scheduler's: queue_per_key).
     load_timeout: float = 120.0
     # Browser origins allowed to call the API (LLMGW_CORS_ORIGINS): none by default, since
     # a page on any site could otherwise spend a key a browser extension or a user pasted.

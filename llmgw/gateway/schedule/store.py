@@ -156,14 +156,15 @@ class LocalStore:
         # Leases given back while nobody waited for their model, freed with this worker's next
         # write (or by `flush`, once one has lain there FLUSH_AFTER): one transaction per
         # request instead of two, when nothing waits; someone waiting frees them at once.
-        self.later: dict[str, tuple[str, float]] = {}  # lease id → (model, given back when)
-        # The replica of each lease this worker took while nobody waited (and outside a Room):
-        # a later request that would take a slot of the same replica takes such a lease over
-        # from `later`, instead of freeing it and counting the replica's slots. Such a lease
-        # is charged nobody's service (a grant while nobody waits costs nothing), so its row
-        # keeps its first request's id: the requests that took it over are mapped to it here.
-        self.fast: dict[str, str] = {}
-        self.rows: dict[str, str] = {}
+        # Lease id → its model, when it was given back, and its replica if a request may take
+        # it over ("" if not).
+        self.later: dict[str, tuple[str, float, str]] = {}
+        # Request id → (its lease's id, the replica) for the leases this worker's requests took
+        # while nobody waited, outside a Room: a later request that would take a slot of the
+        # same replica takes such a lease over from `later`, instead of freeing it and counting
+        # the replica's slots. Such a lease is charged nobody's service (a grant while nobody
+        # waits costs nothing), so its row keeps its first request's id.
+        self.fast: dict[str, tuple[str, str]] = {}
 
     @property
     def pending(self) -> bool:
@@ -201,7 +202,7 @@ class LocalStore:
                     if free.get(endpoint, 0) > 0:
                         self._lease(ask.model, waiter, endpoint, 0.0, self.pid, now, "")
                         if not ask.rooms:
-                            self.fast[waiter.id] = endpoint
+                            self.fast[waiter.id] = (waiter.id, endpoint)
                         return endpoint, list(woken)
             mine, in_band = db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(band = ?), 0) FROM waiting WHERE model = ? AND key = ?",
@@ -229,11 +230,10 @@ class LocalStore:
         return None if row is None else str(row[0])
 
     def give_back(self, model: str, id: str, correction: float = 0.0) -> list[str]:
-        id = self.rows.pop(id, id)
+        id, endpoint = self.fast.pop(id, (id, ""))
         if not correction and not self._anyone_waits(model):
-            self.later[id] = (model, time.monotonic())
+            self.later[id] = (model, time.monotonic(), endpoint)
             return []
-        self.fast.pop(id, None)
         return self._free_lease(model, id, correction, unqueue=False)
 
     def _take_over(self, ask: Ask) -> bool:
@@ -242,7 +242,7 @@ class LocalStore:
         would have done, with one read instead of a transaction of seven statements."""
         waiter, model = ask.waiter, ask.model
         first = waiter.candidates[0]
-        given = [id for id, (m, _) in self.later.items() if m == model and self.fast.get(id) == first]
+        given = [id for id, (m, _, e) in self.later.items() if m == model and e == first]
         if not given:
             return False
         # Read, not written: a request another worker queues after this read waits behind
@@ -256,13 +256,13 @@ class LocalStore:
         if not free:
             return False
         del self.later[given[0]]
-        self.rows[waiter.id] = given[0]
+        self.fast[waiter.id] = (given[0], first)
         return True
 
     def flush(self, given_before: float = math.inf) -> list[str]:
         """Free the leases given back while nobody waited, if any was given back before
         `given_before` (with every other); the ids granted."""
-        if not any(when <= given_before for _, when in self.later.values()):
+        if not any(when <= given_before for _, when, _ in self.later.values()):
             return []
         with self._write():
             return list(self._free_later(time.time()))
@@ -340,12 +340,11 @@ class LocalStore:
             return {}
         later, self.later = self.later, {}
         for id in later:
-            self.fast.pop(id, None)
             freed = self.db.execute("DELETE FROM lease WHERE id = ? RETURNING room, endpoint", (id,))
             for room, endpoint in freed.fetchall():
                 self._ready(room, endpoint)
         granted: dict[str, str] = {}
-        for model in {m for m, _ in later.values()}:
+        for model in {m for m, _, _ in later.values()}:
             if self._anyone_waits(model):
                 granted |= self._dispatch(model, self._ledger(model), now)
         return granted
