@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 # Runs from a checkout whether or not llmgw is installed.
 sys.path.insert(0, str(REPO))
 
-from llmgw.build import build_plan  # noqa: E402
-from llmgw.lint import lint  # noqa: E402
+from llmgw.compiler.build import build_plan  # noqa: E402
+from llmgw.compiler.lint import lint  # noqa: E402
 from llmgw.plan import dump_plan  # noqa: E402
 
 MODEL = """\

@@ -28,9 +28,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmgw.build import build_plan  # noqa: E402
+from llmgw.compiler.build import build_plan  # noqa: E402
+from llmgw.compiler.lint import lint  # noqa: E402
 from llmgw.engines import engine_command  # noqa: E402
-from llmgw.lint import lint  # noqa: E402
 from llmgw.plan import Plan, dump_plan, parse_plan  # noqa: E402
 
 PORT = 18790

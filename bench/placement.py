@@ -23,13 +23,13 @@ from pathlib import Path
 # Runs from a checkout whether or not llmgw is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llmgw.catalogue import Entry  # noqa: E402
+from llmgw.compiler.catalogue import Entry  # noqa: E402
+from llmgw.compiler.place import place  # noqa: E402
+from llmgw.compiler.rules import run_rules  # noqa: E402
+from llmgw.compiler.rules.context import Context  # noqa: E402
+from llmgw.compiler.rules.fleet import fleet_problems  # noqa: E402
 from llmgw.load import Document  # noqa: E402
 from llmgw.model import Fleet, ModelSpec  # noqa: E402
-from llmgw.place import place  # noqa: E402
-from llmgw.rules import run_rules  # noqa: E402
-from llmgw.rules.context import Context  # noqa: E402
-from llmgw.rules.fleet import fleet_problems  # noqa: E402
 
 ZONES = "abcd"
 

@@ -19,20 +19,20 @@ from click.decorators import FC
 
 from llmgw import __version__
 from llmgw.atomic import replace_file
-from llmgw.build import KubernetesTarget, build_plan
-from llmgw.engines import names
-from llmgw.errors import FleetError, LlmgwError, UsageError
-from llmgw.keys import (
+from llmgw.compiler.build import KubernetesTarget, build_plan
+from llmgw.compiler.keys import (
     add_key,
     catalogue_names,
     key_name_is_valid,
     patterns_matching_nothing,
 )
-from llmgw.lint import LintResult, lint, read_fleet
+from llmgw.compiler.lint import LintResult, lint, read_fleet
+from llmgw.engines import names
+from llmgw.errors import FleetError, LlmgwError, UsageError
+from llmgw.gitops.report import REPORTERS
+from llmgw.gitops.report.diff_formats import DIFF_REPORTERS
+from llmgw.gitops.report.inspect_formats import INSPECT_REPORTERS
 from llmgw.plan import Plan, dump_plan, read_plan, read_previous
-from llmgw.report import REPORTERS
-from llmgw.report.diff_formats import DIFF_REPORTERS
-from llmgw.report.inspect_formats import INSPECT_REPORTERS
 
 if TYPE_CHECKING:
     from llmgw.gateway.state.keys import Tenant
@@ -272,7 +272,7 @@ def inspect_command(source: str, fmt: str, write: bool) -> None:
     (catalog/NAME.yaml), whose source is read. Only the header is fetched: a few megabytes
     of a remote file, by HTTP Range requests (HF_TOKEN and HF_ENDPOINT apply to hf://).
     """
-    from llmgw.inspect import inspect, is_model_file, model_file_source, write_facts
+    from llmgw.compiler.inspect import inspect, is_model_file, model_file_source, write_facts
 
     model_file = Path(source) if is_model_file(source) else None
     if write and model_file is None:
@@ -295,7 +295,7 @@ def inspect_command(source: str, fmt: str, write: bool) -> None:
 
 
 # GitOps commands: diff, pr-comment, inventory. Imports are local so `llmgw lint` does not
-# pay for httpx; the logic lives in llmgw.diff, llmgw.gitea and llmgw.inventory.
+# pay for httpx; the logic lives in llmgw.gitops.diff, llmgw.gitops.gitea and llmgw.gitops.inventory.
 
 
 @main.command("diff")
@@ -312,7 +312,7 @@ def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> Non
 
     An empty OLD (such as /dev/null) stands for no plan: everything is added.
     """
-    from llmgw.diff import diff_plans, read_new_side, read_side
+    from llmgw.gitops.diff import diff_plans, read_new_side, read_side
 
     try:
         changes = diff_plans(read_side(old), read_new_side(new))
@@ -348,7 +348,7 @@ def pr_comment_command(body_file: str, number: int | None, marker: str | None) -
     Server, repository and token come from the environment Gitea Actions sets
     (GITHUB_SERVER_URL, GITHUB_REPOSITORY, GITHUB_TOKEN).
     """
-    from llmgw.gitea import (
+    from llmgw.gitops.gitea import (
         DEFAULT_MARKER,
         GiteaError,
         ReadOnlyFork,
@@ -404,7 +404,7 @@ def inventory_command(
     """
     import json
 
-    from llmgw.inventory import entry_yaml, parse_labels, parse_ports, take_inventory
+    from llmgw.gitops.inventory import entry_yaml, parse_labels, parse_ports, take_inventory
 
     if kubectl_json is not None:
         if name or address or labels or ports:
@@ -432,7 +432,7 @@ def inventory_command(
 def _kubernetes_inventory(source: str, fmt: str) -> None:
     import json
 
-    from llmgw.inventory import fleet_from_kubectl, fleet_yaml
+    from llmgw.gitops.inventory import fleet_from_kubectl, fleet_yaml
 
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text("utf-8")
@@ -606,7 +606,7 @@ def _check_models_exist(patterns: list[str], catalog: Path | None) -> None:
 @click.option("--gateway", "gateway_url", required=True, metavar="URL", help="e.g. http://127.0.0.1:8080")
 def deploy_command(plan_path: Path, gateway_url: str) -> None:
     """Send PLAN to a running gateway (token from LLMGW_ADMIN_TOKEN); it serves it at once."""
-    from llmgw.gateway.deploy import clear_text_warning, deploy
+    from llmgw.gitops.deploy import clear_text_warning, deploy
 
     warning = clear_text_warning(gateway_url)
     if warning:
@@ -626,7 +626,7 @@ def status_command(plan_path: Path, as_json: bool, wait_s: float | None, fleet_p
     """Ask each node's agent whether it runs PLAN: per model Synced or OutOfSync, and Healthy,
     Progressing, Degraded, Missing or Suspended. Exit 0 when every model is Synced and Healthy
     or Suspended, 1 otherwise."""
-    from llmgw.report.fleet_status import REPORTERS as FLEET_REPORTERS
+    from llmgw.gitops.report.fleet_status import REPORTERS as FLEET_REPORTERS
     from llmgw.status import FleetStatus, agent_urls, fleet_status, wait_for_fleet
 
     plan = read_plan(plan_path)
@@ -703,7 +703,7 @@ def node_command(
     if (plan_path is None) == (gateway_url is None):
         raise click.UsageError("give exactly one of --plan PATH or --gateway URL.")
     if gateway_url is not None and os.environ.get("LLMGW_ADMIN_TOKEN"):
-        from llmgw.gateway.deploy import clear_text_warning
+        from llmgw.gitops.deploy import clear_text_warning
 
         # The agent reads the plan with the admin token, which can also deploy: the same
         # token `llmgw deploy` warns about, crossing the same network.
@@ -735,7 +735,7 @@ def node_status_command(agent_url: str) -> None:
     """Print a running agent's replicas as a table."""
     import httpx
 
-    from llmgw.report.node_status import status_lines
+    from llmgw.gitops.report.node_status import status_lines
 
     url = agent_url.rstrip("/") + "/status"
     try:

@@ -5,7 +5,7 @@
         FleetError          a fleet inventory that is missing or wrong, with its findings
       PlanError             a plan that cannot be read or does not validate
       PlanWriteError        the gateway accepted a plan but could not write it (gateway.reload)
-      DeployRefused         the gateway answered a deploy, and said no (gateway.deploy)
+      DeployRefused         the gateway answered a deploy, and said no (gitops.deploy)
       GiteaError            the pull-request comment could not be posted (gitea)
         ReadOnlyFork        a fork's read-only token: a warning, not a failed job
       NodeError             the node agent cannot run as asked (node.runner)

@@ -1,6 +1,6 @@
 """The plan every reader uses: its types, and reading, checking, digesting and writing it.
 
-The compiler builds it (llmgw/build.py); the gateway, the node agent and the renderers
+The compiler builds it (llmgw/compiler/build.py); the gateway, the node agent and the renderers
 read it here, and nothing here imports the compiler.
 
 A plan is a promise: it lists only replicas that were placed, with every default

@@ -17,7 +17,7 @@ Healthy while its other on-demand replicas sleep. The plan is judged as a whole 
 every model Synced, and Healthy or Suspended.
 
 Only what the agents say is read here; asking them is `ask_agents`, and the table and the
-JSON are the reporters' (llmgw/report/fleet_status.py).
+JSON are the reporters' (llmgw/gitops/report/fleet_status.py).
 """
 
 from __future__ import annotations

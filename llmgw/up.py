@@ -29,16 +29,16 @@ import click
 import httpx
 
 from llmgw.atomic import Signature, file_signature, replace_file
-from llmgw.build import build_plan
-from llmgw.catalogue import catalogue_files
+from llmgw.compiler.build import build_plan
+from llmgw.compiler.catalogue import catalogue_files
+from llmgw.compiler.lint import LintResult, lint
 from llmgw.errors import LlmgwError, PlanError, UsageError
-from llmgw.inventory import entry_yaml, take_inventory
+from llmgw.gitops.inventory import entry_yaml, take_inventory
+from llmgw.gitops.report import REPORTERS
 from llmgw.lifetime import die_with_parent
-from llmgw.lint import LintResult, lint
 from llmgw.model import DEFAULT_AGENT_PORT
 from llmgw.node.host import port_is_free
 from llmgw.plan import Plan, dump_plan, read_plan
-from llmgw.report import REPORTERS
 
 NODE = "local"
 PORTS = (8001, 8099)

@@ -32,9 +32,14 @@ OWNED_NAME = "clients reach the model by the model file's `name` and `aliases`; 
 OWNED_MODEL = "the engine loads the model file's `source`; point source at these weights instead"
 
 
+# A decimal gigabyte, the unit of every memory figure in the plan and the inventory: a node's
+# size and a replica's estimate compare in the same unit.
+GB = 1_000_000_000
+
+
 @dataclass(frozen=True)
 class Memory:
-    """One replica's memory figure and where it came from (llmgw.memory explains the three ways)."""
+    """One replica's memory figure and where it came from (llmgw.compiler.memory explains the three ways)."""
 
     gb: float
     source: Literal["declared", "estimated"]
@@ -54,7 +59,7 @@ class Engine(ABC):
     program: ClassVar[str]  # the executable looked for on a node's PATH
     environ_key: ClassVar[str]  # the variable that points the agent at another executable
     install_hint: ClassVar[str]  # how to get one, said when none is found
-    reads: ClassVar[frozenset[str]]  # weight formats it loads (llmgw.source.Format)
+    reads: ClassVar[frozenset[str]]  # weight formats it loads (llmgw.compiler.source.Format)
     needs_gpu: ClassVar[bool] = False  # a profile asks for a GPU unless it says otherwise
     shares_context_pool: ClassVar[bool] = False  # given ctx_size, which its slots divide
     # Embeds only with a pooling type: the GGUF's own, or --pooling in the args.

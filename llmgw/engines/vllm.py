@@ -5,7 +5,7 @@
     with CUDA_VISIBLE_DEVICES set to the replica's GPUs
 
 Slots: `--max-num-seqs N` in the profile's args, else vLLM's 256; it pages one cache among
-them, so every request may use context_length. Memory: the rough rule (llmgw.memory).
+them, so every request may use context_length. Memory: the rough rule (llmgw.compiler.memory).
 """
 
 from __future__ import annotations

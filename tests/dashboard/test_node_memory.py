@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgw.build import build_plan
+from llmgw.compiler.build import build_plan
+from llmgw.compiler.lint import lint
 from llmgw.gateway.pages.dashboard import node_document, plan_view
-from llmgw.lint import lint
 from llmgw.plan import dump_plan, parse_plan
 from tests.conftest import write_catalog
 

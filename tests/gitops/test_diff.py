@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from llmgw.diff import diff_plans
+from llmgw.gitops.diff import diff_plans
+from llmgw.gitops.report.diff_formats import DIFF_REPORTERS
+from llmgw.gitops.report.diff_markdown import FOLD_AFTER_LINES, diff_markdown
+from llmgw.gitops.report.diff_text import diff_lines
 from llmgw.plan import Plan, assemble_plan, dump_plan
-from llmgw.report.diff_formats import DIFF_REPORTERS
-from llmgw.report.diff_markdown import FOLD_AFTER_LINES, diff_markdown
-from llmgw.report.diff_text import diff_lines
 from tests.conftest import run_llmgw
 from tests.gitops.plans import CPU, base_and_head, model, node, plan, replica
 

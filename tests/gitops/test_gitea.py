@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.gitea import DEFAULT_MARKER, GiteaError, post_comment, pull_request_from_env
+from llmgw.gitops.gitea import DEFAULT_MARKER, GiteaError, post_comment, pull_request_from_env
 from tests.conftest import run_llmgw
 from tests.gitops.servers import FakeGitea, serve
 

@@ -10,7 +10,7 @@ from ruamel.yaml import YAML
 
 from llmgw.engines import llamacpp
 from llmgw.errors import UsageError
-from llmgw.inventory import entry_yaml, parse_labels, parse_ports, take_inventory
+from llmgw.gitops.inventory import entry_yaml, parse_labels, parse_ports, take_inventory
 from llmgw.schema import validator
 from tests.conftest import run_llmgw
 

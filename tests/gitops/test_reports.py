@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 
 from llmgw.findings import Finding
-from llmgw.report import REPORTERS
-from llmgw.report.markdown import MAX_ROWS, code, findings_markdown
+from llmgw.gitops.report import REPORTERS
+from llmgw.gitops.report.markdown import MAX_ROWS, code, findings_markdown
 from tests.conftest import run_llmgw, write_catalog
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from llmgw.gitea import DEFAULT_MARKER
+from llmgw.gitops.gitea import DEFAULT_MARKER
 from tests.conftest import REPO, run_llmgw
 from tests.gitops.runner import EXPRESSION, JobRun, load_workflow, run_job
 from tests.gitops.servers import FakeGateway, FakeGitea, serve

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from llmgw.build import build_plan
-from llmgw.lint import lint
+from llmgw.compiler.build import build_plan
+from llmgw.compiler.lint import lint
 from llmgw.plan import dump_plan, read_plan
 from tests.gateway.harness import ROOT, free_port
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmgw.compiler.lint import LintResult, lint
 from llmgw.findings import Finding
-from llmgw.lint import LintResult, lint
 from tests.conftest import SMALL_FLEET, write_catalog
 
 GGUF = "hf://bartowski/Meta-Llama-3.1-8B-Instruct-GGUF/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf"

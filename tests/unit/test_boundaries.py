@@ -26,7 +26,8 @@ MODULES = sorted(
     # by design, as the entries `python -m llmgw` and gunicorn load.
     if "__pycache__" not in p.parts and p.name != "__main__.py" and p.parts[-2:] != ("server", "asgi.py")
 )
-COMPILER_STAGES = ("llmgw.load", "llmgw.validate", "llmgw.lint", "llmgw.rules", "llmgw.place")
+COMPILER = ("llmgw.compiler",)
+GITOPS = ("llmgw.gitops",)
 RUNTIME = ("llmgw.gateway", "llmgw.node")
 # Renderers read only the plan too: what they need was decided when it was written.
 PLAN_READERS = (*RUNTIME, "llmgw.render")
@@ -112,11 +113,11 @@ def test_every_module_imports_on_its_own(imported: dict[str, tuple[int, list[str
     assert failed == {}
 
 
-def test_the_gateway_the_node_agent_and_renderers_import_nothing_of_the_compiler(
+def test_the_gateway_the_node_agent_and_renderers_import_nothing_of_the_compiler_or_gitops(
     imported: dict[str, tuple[int, list[str], str]],
 ) -> None:
     crossings = {
-        module: [m for m in loaded if _under(m, COMPILER_STAGES)]
+        module: [m for m in loaded if _under(m, (*COMPILER, *GITOPS))]
         for module, (_, loaded, _) in imported.items()
         if _under(module, PLAN_READERS)
     }
@@ -125,14 +126,47 @@ def test_the_gateway_the_node_agent_and_renderers_import_nothing_of_the_compiler
     assert "llmgw.render.kubernetes" in crossings, "the check saw the Kubernetes renderer"
 
 
-def test_the_compiler_imports_nothing_of_the_gateway_or_the_node_agent(
+def test_the_compiler_imports_nothing_of_the_gateway_the_node_agent_or_gitops(
     imported: dict[str, tuple[int, list[str], str]],
 ) -> None:
-    stages = (*COMPILER_STAGES, "llmgw.plan", "llmgw.diff", "llmgw.report")
-    compiler = [m for m in imported if _under(m, stages)]
-    crossings = {m: [x for x in imported[m][1] if _under(x, RUNTIME)] for m in compiler}
+    compiler = [m for m in imported if _under(m, COMPILER)]
+    crossings = {m: [x for x in imported[m][1] if _under(x, (*RUNTIME, *GITOPS))] for m in compiler}
     assert {m: c for m, c in crossings.items() if c} == {}
-    assert "llmgw.lint" in compiler
+    assert "llmgw.compiler.lint" in compiler
+
+
+def test_gitops_imports_nothing_of_the_compiler_the_gateway_or_the_node_agent(
+    imported: dict[str, tuple[int, list[str], str]],
+) -> None:
+    gitops = [m for m in imported if _under(m, GITOPS)]
+    crossings = {m: [x for x in imported[m][1] if _under(x, (*RUNTIME, *COMPILER))] for m in gitops}
+    assert {m: c for m, c in crossings.items() if c} == {}
+    assert "llmgw.gitops.deploy" in gitops, "the check saw deploy's client"
+
+
+# The commands stand above both halves; everything else at the top of the package is beneath
+# them, shared by the compiler, the GitOps tools, the gateway and the node agent.
+ENTRIES = ("llmgw.cli", "llmgw.up")
+
+
+def test_the_shared_modules_import_no_half_above_them() -> None:
+    shared = [
+        m
+        for m in MODULES
+        if m != "llmgw" and m not in ENTRIES and not _under(m, (*COMPILER, *GITOPS, *RUNTIME, "llmgw.render"))
+    ]
+    upward = {
+        m: sorted(
+            x
+            for x in _imported_names(m)
+            if x in ENTRIES or _under(x, (*COMPILER, *GITOPS, *RUNTIME, "llmgw.render"))
+        )
+        for m in shared
+    }
+    assert {m: x for m, x in upward.items() if x} == {}, (
+        "a shared module imports a half above it: move what it needs beneath"
+    )
+    assert {"llmgw.plan", "llmgw.engines.llamacpp", "llmgw.load"} <= set(shared)
 
 
 def test_the_module_list_is_the_package() -> None:
@@ -141,7 +175,7 @@ def test_the_module_list_is_the_package() -> None:
         "llmgw.node.agent",
         "llmgw.node.runner",
         "llmgw.gateway.server.app",
-        "llmgw.lint",
+        "llmgw.compiler.lint",
     }
     assert expected <= set(MODULES)
     assert all(

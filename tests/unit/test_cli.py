@@ -247,7 +247,7 @@ def test_github_format_escapes_what_would_break_a_workflow_command():
     import io
 
     from llmgw.findings import Finding
-    from llmgw.report.github import report
+    from llmgw.gitops.report.github import report
 
     out = io.StringIO()
     report([Finding("catalog/a,b:c.yaml", 3, 4, "yaml", "error", "100% wrong\nsecond line")], out,

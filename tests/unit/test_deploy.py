@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from llmgw.errors import LlmgwError
-from llmgw.gateway import deploy as deploy_module
-from llmgw.gateway.deploy import deploy
+from llmgw.gitops import deploy as deploy_module
+from llmgw.gitops.deploy import deploy
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from llmgw import engines
-from llmgw.build import KubernetesTarget, build_plan
+from llmgw.compiler.build import KubernetesTarget, build_plan
+from llmgw.compiler.lint import lint
+from llmgw.compiler.memory import memory_for
 from llmgw.engines import Engine, EngineCommand, ctx_size_for, engine, engine_command, gpus_for
 from llmgw.errors import UsageError
-from llmgw.lint import lint
-from llmgw.memory import memory_for
 from llmgw.model import ModelSpec
 from llmgw.plan import Plan, PlanModel, PlanProfile, PlanReplica
 from llmgw.render.kubernetes import DEFAULT_EXECUTABLES, DEFAULT_IMAGES, Options, render

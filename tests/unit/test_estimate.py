@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.memory import GB, LlamaCpp, kv_cache_bytes, memory_for
+from llmgw.compiler.memory import GB, memory_for
+from llmgw.engines.llamacpp import LlamaCppBuffers, kv_cache_bytes
 from llmgw.model import Architecture, ModelSpec
 from tests.unit.gguf_files import write_gguf
 from tests.unit.helpers import by_rule, run
@@ -26,7 +27,7 @@ def spec(arch: Architecture | None = GEMMA, args: tuple[str, ...] = (), ctx: int
 
 def kv(arch: Architecture, *args: str, ctx: int = 32768) -> float:
     s = spec(arch, args, ctx)
-    return kv_cache_bytes(arch, ctx, LlamaCpp.of(s.profiles[0], arch))
+    return kv_cache_bytes(arch, ctx, LlamaCppBuffers.of(s.profiles[0], arch))
 
 
 def test_sliding_window_layers_hold_only_their_window():

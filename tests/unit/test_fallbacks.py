@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmgw.build import build_plan
-from llmgw.diff import diff_plans
+from llmgw.compiler.build import build_plan
+from llmgw.gitops.diff import diff_plans
+from llmgw.gitops.report.diff_markdown import diff_markdown
 from llmgw.plan import dump_plan, parse_plan
-from llmgw.report.diff_markdown import diff_markdown
 from tests.unit.helpers import by_rule, model_yaml, run
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.capacity import NodeState, Room
+from llmgw.compiler.capacity import NodeState, Room
 from llmgw.load import _fast_yaml, _NotPlain, _plain_data, load_document
 from llmgw.model import Node
 from llmgw.plan import dump_plan

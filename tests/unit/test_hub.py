@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from llmgw.compiler.source import classify_source
 from llmgw.engines import fetched_weights
 from llmgw.hub import auth_headers, hub_source
-from llmgw.source import classify_source
 
 
 def test_a_file_and_a_repository_read_the_same_in_every_stage(tmp_path) -> None:

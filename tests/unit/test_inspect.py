@@ -9,9 +9,9 @@ from pathlib import Path
 import gguf
 import pytest
 
+from llmgw.compiler.gguf_header import read_header
+from llmgw.compiler.inspect import inspect
 from llmgw.errors import InspectError
-from llmgw.header import read_header
-from llmgw.inspect import inspect
 from tests.unit.gguf_files import header_length, write_gguf
 
 

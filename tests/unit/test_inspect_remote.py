@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.compiler.fetch import FIRST_RANGE
+from llmgw.compiler.inspect import inspect
 from llmgw.errors import InspectError
-from llmgw.fetch import FIRST_RANGE
-from llmgw.inspect import inspect
 from tests.conftest import serve_on_loopback
 from tests.unit.gguf_files import header_length, write_gguf
 

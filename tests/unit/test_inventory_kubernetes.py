@@ -10,7 +10,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from llmgw.errors import UsageError
-from llmgw.inventory import fleet_from_kubectl, quantity
+from llmgw.gitops.inventory import fleet_from_kubectl, quantity
 from tests.unit.helpers import model_yaml
 
 RECORDED = Path(__file__).with_name("kubectl")

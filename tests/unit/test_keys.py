@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.compiler.keys import add_key, lint_keys
+from llmgw.compiler.lint import lint
 from llmgw.errors import UsageError
 from llmgw.gateway.state.keys import read_keys_file
-from llmgw.keys import add_key, lint_keys
-from llmgw.lint import lint
 from tests.conftest import write_catalog
 from tests.unit.helpers import model_yaml
 
@@ -154,7 +154,7 @@ def test_a_hash_with_a_trailing_newline_is_refused_since_it_would_never_match(tm
 
 
 def _reach(tmp_path: Path, before: dict[str, str], after: dict[str, str], models: str) -> list[str]:
-    from llmgw.build import build_plan
+    from llmgw.compiler.build import build_plan
     from llmgw.plan import dump_plan, parse_plan
 
     tmp_path.mkdir(exist_ok=True)

@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 
-from llmgw.build import workload_names
+from llmgw.compiler.build import workload_names
 from llmgw.plan import Plan, read_plan
 from llmgw.schema import validator
 from tests.conftest import write_catalog

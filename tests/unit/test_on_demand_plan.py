@@ -3,12 +3,12 @@ and how a pull request's diff shows each node's memory."""
 
 from __future__ import annotations
 
-from llmgw.build import build_plan
-from llmgw.diff import diff_plans
-from llmgw.lint import lint
+from llmgw.compiler.build import build_plan
+from llmgw.compiler.lint import lint
+from llmgw.gitops.diff import diff_plans
+from llmgw.gitops.report.diff_markdown import diff_markdown
+from llmgw.gitops.report.diff_text import diff_lines
 from llmgw.plan import dump_plan, parse_plan
-from llmgw.report.diff_markdown import diff_markdown
-from llmgw.report.diff_text import diff_lines
 from tests.conftest import write_catalog
 
 ONE_NODE = """\

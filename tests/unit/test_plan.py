@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from llmgw.build import build_plan
+from llmgw.compiler.build import build_plan
 from llmgw.errors import PlanError
 from llmgw.plan import dump_plan, parse_plan, plan_digest
 from llmgw.schema import validator
@@ -33,7 +33,7 @@ nodes:
 def plan_for(tmp_path, models, fleet=None, previous=None):
     kwargs = {"fleet": fleet} if fleet else {}
     catalog, fleet_path = write_catalog(tmp_path, models, **kwargs)
-    from llmgw.lint import lint
+    from llmgw.compiler.lint import lint
 
     # The previous plan as every reader gets it: read back and typed.
     previous = parse_plan(dump_plan(previous)) if previous is not None else None

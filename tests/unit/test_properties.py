@@ -8,8 +8,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from llmgw.build import build_plan
-from llmgw.lint import lint
+from llmgw.compiler.build import build_plan
+from llmgw.compiler.lint import lint
 from llmgw.load import load_document
 from tests.conftest import write_catalog
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from llmgw.build import build_plan
-from llmgw.lint import lint
+from llmgw.compiler.build import build_plan
+from llmgw.compiler.lint import lint
 from llmgw.plan import dump_plan, parse_plan
 from tests.conftest import SMALL_FLEET, write_catalog
 from tests.unit.gguf_files import write_gguf
