@@ -618,10 +618,21 @@ def deploy_command(plan_path: Path, gateway_url: str) -> None:
 @main.command("status")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
-@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
-              help="Ask again until the fleet runs the plan, for at most this long.")
-@click.option("--fleet", "fleet_path", type=click.Path(path_type=Path), default=None,
-              help="The fleet file giving each agent's port [the one the plan was made from].")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="Ask again until the fleet runs the plan, for at most this long.",
+)
+@click.option(
+    "--fleet",
+    "fleet_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The fleet file giving each agent's port [the one the plan was made from].",
+)
 def status_command(plan_path: Path, as_json: bool, wait_s: float | None, fleet_path: Path | None) -> None:
     """Ask each node's agent whether it runs PLAN: per model Synced or OutOfSync, and Healthy,
     Progressing, Degraded, Missing or Suspended. Exit 0 when every model is Synced and Healthy
@@ -695,7 +706,7 @@ def node_command(
     if ctx.invoked_subcommand is not None:
         return
     from llmgw.node.run import run_node
-    from llmgw.node.runner import Settings
+    from llmgw.node.runner import RunnerSettings
     from llmgw.node.sources import FilePlan, GatewayPlan
 
     if not node_name:
@@ -715,7 +726,9 @@ def node_command(
         if plan_path is not None
         else GatewayPlan(str(gateway_url), os.environ.get("LLMGW_ADMIN_TOKEN"))
     )
-    run_node(Settings(node_name, state_dir, grace_s=grace, lease_ttl_s=_lease_ttl_s()), source, status_bind)
+    run_node(
+        RunnerSettings(node_name, state_dir, grace_s=grace, lease_ttl_s=_lease_ttl_s()), source, status_bind
+    )
 
 
 def _lease_ttl_s() -> float:

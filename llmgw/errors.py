@@ -10,7 +10,15 @@
         ReadOnlyFork        a fork's read-only token: a warning, not a failed job
       NodeError             the node agent cannot run as asked (node.runner)
       WeightsError          a replica's weights cannot be had; the agent retries (node.weights)
-      InspectError          a GGUF header cannot be fetched or read (header, fetch, inspect)
+      InspectError          a GGUF header cannot be fetched or read (gguf_header, fetch, inspect)
+      ServiceError          what one request meets inside a running gateway or agent; answered
+                            over HTTP or handed to another replica, never printed at a terminal
+        Refusal             the agent will not lease an engine (node.leases): NotOnDemand 404,
+                            NoRoom 409, EngineNotReady 503
+        QueueFull           the key already has as many requests waiting as it may (schedule.store)
+        AgentSilent         an on-demand replica's agent does not answer (request.lease)
+        AnswerCut           an engine's JSON answer ended early (request.relay)
+        LookupFailed        a DNS name that lists replicas could not be looked up (state.discovery)
 
 Findings (lint results) are not errors: they are collected and reported. The gateway's
 answers to clients are not either: `gateway.errors.ApiError` is an HTTP response in
@@ -48,3 +56,8 @@ class PlanError(LlmgwError):
 
 class InspectError(LlmgwError):
     """The file is not a GGUF, its header is cut short, or the server would not give it."""
+
+
+class ServiceError(LlmgwError):
+    """What one request meets inside a running service, declined or cut short. The service answers it (an HTTP
+    status, another replica's turn); a person at a terminal never sees it as an error."""

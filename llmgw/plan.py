@@ -260,7 +260,7 @@ class PlanNode(_Part):
     agent: str | None = None  # where its agent listens; written when it has on-demand replicas
 
 
-class Memory(_Part):
+class PlanMemory(_Part):
     gb: Number
     source: Literal["declared", "estimated"]
     basis: str
@@ -296,7 +296,7 @@ class PlanProfile(_Part):
     args: tuple[str, ...]
     gpus: int
     node_selector: dict[str, str]
-    memory: Memory | None = None
+    memory: PlanMemory | None = None
     served_name: str
     routing: Literal["prefix", "least-loaded"] | None = None  # None: a plan from before routing
     external: bool

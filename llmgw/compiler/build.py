@@ -28,6 +28,7 @@ from llmgw.plan import (
     NodeUse,
     OnDemandUse,
     Plan,
+    PlanMemory,
     PlanModel,
     PlanNode,
     PlanProfile,
@@ -40,7 +41,6 @@ from llmgw.plan import (
     file_sha256,
     plan_digest,
 )
-from llmgw.plan import Memory as PlanMemory
 
 
 @dataclass(frozen=True)

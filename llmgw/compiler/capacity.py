@@ -73,7 +73,7 @@ class NodeState:
     # Model → GPUs and GB its replicas hold here: a shortage names who holds the room.
     holders: dict[str, list[float]] = field(default_factory=dict)
     # The search trees this node is a leaf of, told when it gives up room.
-    rooms: list[tuple[Room, int]] = field(default_factory=list)
+    rooms: list[tuple[FirstFit, int]] = field(default_factory=list)
     # On-demand replicas here: each needs what is free beside the always-on ones, and
     # takes none of it from the next, since the agent makes room by stopping idle ones.
     on_demand: list[float] = field(default_factory=list)
@@ -146,7 +146,7 @@ class NodeState:
 WALK = 32
 
 
-class Room:
+class FirstFit:
     """Max trees over one tier's nodes, for the first node from the cursor with room.
 
     The search went node by node from the cursor: when most nodes were full, every replica

@@ -20,8 +20,8 @@ from llmgw.compiler.capacity import (
     REPORTS_ENGINE,
     REPORTS_NOTHING,
     WALK,
+    FirstFit,
     NodeState,
-    Room,
     Slot,
     capacity_gb,
     engine_tier,
@@ -181,7 +181,7 @@ class _Chooser:
     def __init__(self, states: list[NodeState]) -> None:
         self.states = sorted(states, key=lambda s: s.node.name)
         self.groups: dict[tuple[Any, ...], list[list[NodeState]]] = {}
-        self.rooms: dict[tuple[Any, ...], Room] = {}
+        self.rooms: dict[tuple[Any, ...], FirstFit] = {}
         self.cursors: dict[tuple[Any, ...], int] = {}
 
     def _tiers(self, profile: Profile) -> tuple[tuple[Any, ...], list[list[NodeState]]]:
@@ -195,7 +195,7 @@ class _Chooser:
                 tiers[engine_tier(reports)].append(s)
             self.groups[key] = tiers
             for t, tier in enumerate(tiers):
-                self.rooms[key + (t,)] = Room(tier)
+                self.rooms[key + (t,)] = FirstFit(tier)
         return key, self.groups[key]
 
     def room_with_engine(self, want: _Want) -> bool:

@@ -28,7 +28,7 @@ from llmgw.node.process import (
     Record,
     drop_record,
 )
-from llmgw.node.runner import Counters, Runner, Settings, Want
+from llmgw.node.runner import Counters, Runner, RunnerSettings, Want
 from llmgw.plan import Plan
 
 log = logging.getLogger("llmgw.node")
@@ -57,7 +57,7 @@ def missing_node_message(plan: Plan, node: str, where: str) -> str:
 
 
 class Agent:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: RunnerSettings) -> None:
         self.settings = settings
         self.runners: dict[str, Runner] = {}
         self.plan: Plan | None = None

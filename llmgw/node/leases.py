@@ -11,10 +11,10 @@ alone once let a model start into a machine whose page cache and other tenants h
 An acquire or release that cannot be done is a `Refusal`, answered to the gateway as HTTP
 with the sentence and its fields (status.py):
 
-    Refusal         400  a body the agent cannot read
-      NotOnDemand   404  the endpoint is always on, or no replica of this node's plan
-      NoRoom        409  it does not fit, or its GPUs are held by engines with leases
-      NotReady      503  it was not ready in time, or failed to start
+    Refusal        400  a body the agent cannot read
+      NotOnDemand    404  the endpoint is always on, or no replica of this node's plan
+      NoRoom         409  it does not fit, or its GPUs are held by engines with leases
+      EngineNotReady 503  it was not ready in time, or failed to start
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw.errors import ServiceError
 from llmgw.node.agent import Agent
 from llmgw.node.host import available_gb
 from llmgw.node.runner import Runner
@@ -34,7 +35,7 @@ from llmgw.node.runner import Runner
 log = logging.getLogger("llmgw.node")
 
 
-class Refusal(Exception):
+class Refusal(ServiceError):
     """An acquire or release that cannot be done, as the HTTP answer the gateway reads."""
 
     status = 400
@@ -53,7 +54,7 @@ class NoRoom(Refusal):
     status = 409
 
 
-class NotReady(Refusal):
+class EngineNotReady(Refusal):
     status = 503
 
 
@@ -64,7 +65,7 @@ class Granted:
 
 
 @dataclass(frozen=True)
-class Engine:
+class LeasedEngine:
     """A running on-demand engine as making room sees it."""
 
     key: str
@@ -76,8 +77,8 @@ class Engine:
 
 
 def engines_to_stop(
-    need: Engine, capacity_gb: float, running: list[Engine], free_gb: float | None
-) -> list[Engine]:
+    need: LeasedEngine, capacity_gb: float, running: list[LeasedEngine], free_gb: float | None
+) -> list[LeasedEngine]:
     """The least recently used idle engines whose stopping lets `need` start, or NoRoom.
 
     Nothing is stopped unless stopping is enough: a refusal after an eviction would have
@@ -104,7 +105,7 @@ def engines_to_stop(
     return chosen
 
 
-def _holders(need: Engine, held: list[Engine], lead: str) -> str:
+def _holders(need: LeasedEngine, held: list[LeasedEngine], lead: str) -> str:
     names = ", ".join(f"{e.name} ({e.gb:g} GB, {e.busy})" for e in held)
     return (
         f"no room for {need.name} on this node: {lead} {names}, which is never stopped while it "
@@ -112,7 +113,9 @@ def _holders(need: Engine, held: list[Engine], lead: str) -> str:
     )
 
 
-def _no_room(need: Engine, capacity_gb: float, running: list[Engine], room: float, free: float | None) -> str:
+def _no_room(
+    need: LeasedEngine, capacity_gb: float, running: list[LeasedEngine], room: float, free: float | None
+) -> str:
     held = [e for e in running if e.busy]
     if room < need.gb:
         lead = (
@@ -168,7 +171,7 @@ class OnDemand:
                         runner.wake()
                         started = True
             if not await runner.wait_ready(wait_s):
-                raise NotReady(
+                raise EngineNotReady(
                     runner.message or f"{runner.want.model.name} was not ready within {wait_s:g} s.",
                     state=runner.state,
                 )
@@ -220,7 +223,7 @@ class OnDemand:
         victims = engines_to_stop(need, self.capacity_gb(), running, available_gb())
         if victims and not evict:
             names = ", ".join(v.name for v in victims)
-            raise NotReady(
+            raise EngineNotReady(
                 f"{need.name} is not started: it needs {names} stopped to make room, which is "
                 "done only for a caller that waits; ask again with wait_s above 0.",
                 state=runner.state,
@@ -301,7 +304,7 @@ def _still_wanted() -> None:
         raise asyncio.CancelledError
 
 
-def _engine(runner: Runner) -> Engine:
+def _engine(runner: Runner) -> LeasedEngine:
     profile = runner.want.profile
     gb = float(profile.memory.gb) if profile.memory is not None else 0.0
     busy = ""
@@ -309,7 +312,7 @@ def _engine(runner: Runner) -> Engine:
         busy = f"{len(runner.leases)} request(s) in flight"
     elif runner.waiters:
         busy = f"starting for {runner.waiters} request(s)"
-    return Engine(
+    return LeasedEngine(
         key=runner.want.key,
         name=f"{runner.want.model.name}/{profile.name}",
         gb=0.0 if profile.gpus else gb,

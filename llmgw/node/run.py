@@ -18,7 +18,7 @@ from llmgw.errors import UsageError
 from llmgw.node.agent import Agent, missing_node_message, wants_for
 from llmgw.node.leases import OnDemand
 from llmgw.node.process import load_records
-from llmgw.node.runner import NodeError, Settings
+from llmgw.node.runner import NodeError, RunnerSettings
 from llmgw.node.status import create_status_app
 from llmgw.plan import Plan
 
@@ -61,7 +61,7 @@ def bind_status(address: str) -> socket.socket:
     return sock
 
 
-def run_node(settings: Settings, source: PlanSource, status_bind: str) -> None:
+def run_node(settings: RunnerSettings, source: PlanSource, status_bind: str) -> None:
     """Runs until SIGTERM or Ctrl-C, then stops every engine of this node and returns."""
     _log_to_stderr()
     plan = source.first()
@@ -72,7 +72,7 @@ def run_node(settings: Settings, source: PlanSource, status_bind: str) -> None:
     asyncio.run(_main(settings, source, plan, sock))
 
 
-async def _main(settings: Settings, source: PlanSource, plan: Plan, sock: socket.socket) -> None:
+async def _main(settings: RunnerSettings, source: PlanSource, plan: Plan, sock: socket.socket) -> None:
     agent = Agent(settings)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -47,7 +47,6 @@ EXITED_AT_ONCE_S = 10.0
 WAITED_FOR_INTERVAL_S = 0.02
 
 
-
 # What a signal that ended an engine usually means, for the person reading /status.
 _SIGNAL_HINTS = {
     # A llama.cpp built with -march=native on a virtual machine whose CPU reports AMX the
@@ -72,12 +71,13 @@ def how_it_ended(exit_code: int | None) -> str:
     hint = _SIGNAL_HINTS.get(sig)
     return f"code {exit_code}, {sig.name}" + (f": {hint}" if hint else "")
 
+
 class NodeError(LlmgwError):
     pass
 
 
 @dataclass(frozen=True)
-class Settings:
+class RunnerSettings:
     node: str
     state_dir: Path
     grace_s: float = 30.0
@@ -110,7 +110,9 @@ class Want:
 class Runner:
     """Keeps one replica running, from weights to ready, restarting it after a backoff."""
 
-    def __init__(self, want: Want, settings: Settings, client: httpx.AsyncClient, counters: Counters) -> None:
+    def __init__(
+        self, want: Want, settings: RunnerSettings, client: httpx.AsyncClient, counters: Counters
+    ) -> None:
         self.want = want
         self.settings = settings
         self.client = client

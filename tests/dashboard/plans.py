@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from llmgw.plan import Memory, Plan, PlanModel, PlanProfile, PlanReplica, assemble_plan, parse_plan
+from llmgw.plan import Plan, PlanMemory, PlanModel, PlanProfile, PlanReplica, assemble_plan, parse_plan
 from tests.plans import plan_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def make_profile(
         args=(),
         gpus=0,
         node_selector={},
-        memory=Memory(gb=6.0, source="estimated", basis="weights plus KV pool"),
+        memory=PlanMemory(gb=6.0, source="estimated", basis="weights plus KV pool"),
         served_name=name,
         external=external,
         replicas=tuple(PlanReplica(endpoint=e) for e in endpoints),

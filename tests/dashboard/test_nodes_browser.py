@@ -12,7 +12,16 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.plan import Memory, NodeUse, OnDemandUse, PlanModel, PlanNode, PlanProfile, PlanReplica, PortRange
+from llmgw.plan import (
+    NodeUse,
+    OnDemandUse,
+    PlanMemory,
+    PlanModel,
+    PlanNode,
+    PlanProfile,
+    PlanReplica,
+    PortRange,
+)
 from tests.dashboard import test_dashboard_browser as shared
 from tests.dashboard.plans import make_model
 from tests.dashboard.test_dashboard_browser import LIVE_TIMEOUT_MS, Gateway, Page, write_plan
@@ -36,7 +45,7 @@ def _profile(name: str, endpoint: str, node: str, gb: float, on_demand: bool) ->
     port = int(endpoint.rsplit(":", 1)[1])
     return PlanProfile(
         name="cpu", engine="llamacpp", priority=100, weight=1, ctx_size=2048, args=(), gpus=0,
-        node_selector={}, memory=Memory(gb=gb, source="declared", basis="for tests"),
+        node_selector={}, memory=PlanMemory(gb=gb, source="declared", basis="for tests"),
         served_name=name, external=False,
         start="on-demand" if on_demand else None, idle_stop_s=600 if on_demand else None,
         replicas=(PlanReplica(endpoint=endpoint, node=node, port=port),),

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from llmgw.plan import (
-    Memory,
     NodeUse,
     Plan,
+    PlanMemory,
     PlanModel,
     PlanNode,
     PlanProfile,
@@ -62,7 +62,7 @@ def model(
         args=(),
         gpus=0,
         node_selector={"pool": "cpu"},
-        memory=Memory(gb=8, source="estimated", basis="weights and KV cache"),
+        memory=PlanMemory(gb=8, source="estimated", basis="weights and KV cache"),
         served_name=name,
         external=False,
         replicas=tuple(replicas),

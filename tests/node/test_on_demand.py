@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.node.leases import Engine, NoRoom, engines_to_stop
+from llmgw.node.leases import LeasedEngine, NoRoom, engines_to_stop
 from tests.node.agents import Agent, Fleet, alive, chat_model, wait_for
 
 TOKEN = "a-token-for-tests"
@@ -328,8 +328,8 @@ def test_an_on_demand_engine_that_fails_with_nobody_waiting_goes_back_to_idle_wi
     assert len(pids_of(agent, where["a"])) == 1, "an engine nobody asked for was restarted"
 
 
-def _engine(key: str, gb: float, age: float, busy: str = "", gpus: tuple[int, ...] = ()) -> Engine:
-    return Engine(key, f"{key}/cpu", gb, frozenset(gpus), busy, age)
+def _engine(key: str, gb: float, age: float, busy: str = "", gpus: tuple[int, ...] = ()) -> LeasedEngine:
+    return LeasedEngine(key, f"{key}/cpu", gb, frozenset(gpus), busy, age)
 
 
 def test_making_room_stops_the_least_recently_used_and_only_as_many_as_needed() -> None:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.compiler.capacity import NodeState, Room
+from llmgw.compiler.capacity import FirstFit, NodeState
 from llmgw.load import _fast_yaml, _NotPlain, _plain_data, load_document
 from llmgw.model import Node
 from llmgw.plan import dump_plan
@@ -305,7 +305,7 @@ def test_the_first_fit_search_finds_the_node_a_walk_finds(free, need, gpus, boun
             node.ports.first if ports_left else node.ports.last + 1,
         )
         states.append(state)
-    room = Room(states)
+    room = FirstFit(states)
     lo, hi = min(bounds[0], len(states)), min(bounds[1], len(states))
     walked = next((i for i in range(lo, hi) if states[i].fits(need, gpus)), None)
     found = room.first(lo, hi, need, gpus)

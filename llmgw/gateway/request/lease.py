@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from llmgw.errors import ServiceError
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.loaded import Loaded
@@ -44,7 +45,7 @@ ASK_EVERY_S = 10.0
 BUSY_RETRY_S = 1.0
 
 
-class AgentSilent(Exception):
+class AgentSilent(ServiceError):
     """The replica's agent does not answer: another node's replica may be asked instead."""
 
 

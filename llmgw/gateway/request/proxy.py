@@ -6,7 +6,7 @@ renames and metering; what differs by API (usage's shape, the length field, the 
 key's fields, the error shape) is each stage's to know, not a copy of this loop.
 
 The body is read and checked in request/body.py, the answer relayed in request/relay.py,
-a client that leaves noticed in request/gone.py; this module decides where a request goes.
+a client that leaves noticed in request/disconnect.py; this module decides where a request goes.
 
 The request is checked against the model before any replica is bothered. Then replicas are
 tried best first (see state/routes.py: Model.candidates): a refused connection or a 502/503/504 moves
@@ -54,10 +54,9 @@ from llmgw.gateway.request.body import (
     wrong_endpoint,
 )
 from llmgw.gateway.request.context import RequestContext, context_of
-from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
+from llmgw.gateway.request.disconnect import CLIENT_GONE, Disconnect
 from llmgw.gateway.request.lease import AgentSilent, Leases
 from llmgw.gateway.request.limits import Limiter, Window
-from llmgw.gateway.request.line import take_slot, ticket_for
 from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.refusals import AgentDidNotAnswer, NotReady, budget_spent, none_answered
 from llmgw.gateway.request.relay import (
@@ -71,6 +70,7 @@ from llmgw.gateway.request.relay import (
     unreserve,
 )
 from llmgw.gateway.request.rename import EventRename, JsonRename, renamed
+from llmgw.gateway.request.slot_ticket import take_slot, ticket_for
 from llmgw.gateway.request.usage import Meter, prompt_estimate
 from llmgw.gateway.schedule import Scheduler, Ticket, band_of
 from llmgw.gateway.settings import VIA_HEADER, Settings

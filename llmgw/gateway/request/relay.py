@@ -12,11 +12,12 @@ from typing import Any, Protocol
 import falcon.asgi
 import httpx
 
+from llmgw.errors import ServiceError
 from llmgw.gateway.api import Api
 from llmgw.gateway.errors import anthropic_error_body, error_body, responses_error_event
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import RequestContext, context_of
-from llmgw.gateway.request.gone import CLIENT_GONE, STALLED, Disconnect
+from llmgw.gateway.request.disconnect import CLIENT_GONE, STALLED, Disconnect
 from llmgw.gateway.request.limits import Limiter
 from llmgw.gateway.request.rename import EventRename, JsonRename
 from llmgw.gateway.request.usage import Meter
@@ -66,7 +67,7 @@ async def no_chunks() -> AsyncIterator[bytes]:
     yield  # an async generator that yields nothing
 
 
-class AnswerCut(Exception):
+class AnswerCut(ServiceError):
     """A JSON answer ended early: the server must drop the connection, not end the body."""
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from llmgw.errors import ServiceError
 from llmgw.gateway.schedule.policy import Ledger, Room, Waiter, grants
 from llmgw.gateway.state.workers import alive
 
@@ -44,7 +45,7 @@ LEASE_TTL = 6.0
 _FLOOR = "\x00band:"
 
 
-class QueueFull(Exception):
+class QueueFull(ServiceError):
     """The key already has as many requests waiting for the model as it may."""
 
     def __init__(self, waiting: int) -> None:

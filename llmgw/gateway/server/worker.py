@@ -34,7 +34,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
-from llmgw.gateway.request.gone import GONE, STALLED, ClientGone
+from llmgw.gateway.request.disconnect import GONE, STALLED, ClientGone
 from llmgw.gateway.settings import Settings, settings_from_env
 
 log = logging.getLogger("llmgw.gateway")

@@ -20,6 +20,7 @@ import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
+from llmgw.errors import ServiceError
 from llmgw.gateway.settings import Settings
 from llmgw.gateway.state.health import Health
 from llmgw.gateway.state.reload import PlanState
@@ -31,7 +32,7 @@ TICK = 0.25  # how often due names are looked up and drained addresses swept
 SHORTEST = 0.5  # an answer with TTL 0 is not looked up again more often than this
 
 
-class LookupFailed(Exception):
+class LookupFailed(ServiceError):
     pass
 
 

@@ -7,7 +7,7 @@ import asyncio
 
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.context import RequestContext
-from llmgw.gateway.request.gone import CLIENT_GONE, Disconnect
+from llmgw.gateway.request.disconnect import CLIENT_GONE, Disconnect
 from llmgw.gateway.schedule import Scheduler, Ticket
 from llmgw.gateway.state.routes import Model, Profile, Replica
 from llmgw.plan import Plan
