@@ -1,14 +1,11 @@
-"""Which waiting request takes a free slot next: a pure function of what waits and what is free.
+"""Which waiting request takes a free slot next: a pure function of what waits, what is free
+and the `Policy` that orders them.
 
-Fair (the default): the highest priority band with a request that can be placed goes first;
-within a band, the key that has had the least service for its share (start-time fair
-queueing: each grant adds the request's cost divided by the key's share to the key's
-virtual service); first come, first served within one key. A key that starts waiting after
-being idle starts at the band's current virtual time, so idling banks no credit: a key
-quiet for an hour does not then get an hour's worth of slots ahead of everyone.
-
-FIFO (LLMGW_SCHEDULER=fifo): earliest arrival first, whoever sent it; the reference that
-bench/fairness.py compares against, and today's order.
+A policy is an object chosen by name (LLMGW_SCHEDULER, looked up in schedule/policies.py), one
+module each: fair.py (shares and priorities, the default) and fifo.py (arrival order, the
+reference bench/fairness.py compares against). Both stores take one and ask it only what it
+decides: which placeable request goes first, and whether on-demand rooms shape its grants.
+Everything else here (candidates, rooms, the ledger's service and floors) holds under any policy.
 
 On-demand replicas that share a node with room for one of them at a time form a `Room`: a
 slot of one is open only while no other in the room has a slot in use, since granting it
@@ -25,8 +22,10 @@ behind it that can: a slot is never left idle while something waiting could use 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, MutableMapping
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 BANDS = {"high": 2, "normal": 1, "low": 0}
 
@@ -97,11 +96,27 @@ class Room:
         self.loaded = endpoint
 
 
+class Policy(ABC):
+    """The order in which waiting requests take free slots. A new policy is one module with a
+    subclass of this, and one line in schedule/policies.py."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # for the sentence that refuses an unknown LLMGW_SCHEDULER
+    # Whether on-demand replicas that share a node's room are granted as a `Room` (the loaded
+    # one first, others after `patience`), rather than in the policy's own order.
+    uses_rooms: ClassVar[bool]
+
+    @abstractmethod
+    def first(self, placed: Sequence[tuple[Waiter, str]], ledger: Ledger) -> tuple[Waiter, str]:
+        """The request granted next among those that can be placed, each with its endpoint;
+        `placed` is in arrival order."""
+
+
 def grants(
     waiting: Iterable[Waiter],
     free: MutableMapping[str, int],
     ledger: Ledger,
-    fair: bool = True,
+    policy: Policy,
     rooms: Mapping[str, Room] | None = None,
 ) -> list[tuple[Waiter, str]]:
     """Who gets which free slot, in the order granted; `free`, `ledger` and `rooms` (by
@@ -112,10 +127,7 @@ def grants(
         placed = [(w, e) for w in left if (e := _first_free(w, free, rooms)) is not None]
         if not placed:
             break
-        if fair:
-            waiter, endpoint = min(placed, key=lambda p: _fair_rank(p[0], ledger.service))
-        else:
-            waiter, endpoint = placed[0]  # `left` is in arrival order
+        waiter, endpoint = policy.first(placed, ledger)
         free[endpoint] -= 1
         if rooms and endpoint in rooms:
             rooms[endpoint].granted(endpoint)
@@ -126,10 +138,6 @@ def grants(
         left.remove(waiter)
         out.append((waiter, endpoint))
     return out
-
-
-def _fair_rank(waiter: Waiter, service: Mapping[str, float]) -> tuple[int, float, float, str]:
-    return (-waiter.band, service.get(waiter.key, 0.0), waiter.since, waiter.id)
 
 
 def _first_free(waiter: Waiter, free: Mapping[str, int], rooms: Mapping[str, Room] | None) -> str | None:

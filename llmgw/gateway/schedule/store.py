@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Protocol
 
 from llmgw.errors import ServiceError
-from llmgw.gateway.schedule.policy import Ledger, Room, Waiter, grants
+from llmgw.gateway.schedule.fair import FAIR
+from llmgw.gateway.schedule.policy import Ledger, Policy, Room, Waiter, grants
 from llmgw.gateway.state.workers import alive
 
 FILE_NAME = "llmgw-schedule.sqlite"
@@ -142,8 +143,8 @@ def _rooms_text(rooms: Mapping[str, str]) -> str:
 class LocalStore:
     """The workers of one instance, on one SQLite file in their shared directory."""
 
-    def __init__(self, directory: Path, fair: bool = True, patience: float = 5.0) -> None:
-        self.fair = fair
+    def __init__(self, directory: Path, policy: Policy = FAIR, patience: float = 5.0) -> None:
+        self.policy = policy
         self.patience = patience
         self.pid = os.getpid()
         self.db = sqlite3.connect(
@@ -191,11 +192,11 @@ class LocalStore:
     def ask(self, ask: Ask) -> tuple[str | None, list[str]]:
         waiter = ask.waiter
         now = time.time()
-        if self.later and not (ask.rooms and self.fair) and self._take_over(ask):
+        if self.later and not (ask.rooms and self.policy.uses_rooms) and self._take_over(ask):
             return waiter.candidates[0], []
         with self._write() as db:
             woken = self._free_later(now)
-            if not (ask.rooms and self.fair) and not self._anyone_waits(ask.model):
+            if not (ask.rooms and self.policy.uses_rooms) and not self._anyone_waits(ask.model):
                 # Nobody waits for the model: the first candidate with a free slot, if any. (A
                 # replica in a Room always asks the policy: its slot may not be open.)
                 free = self._free(ask.slots)
@@ -463,9 +464,10 @@ class LocalStore:
             pids[id] = pid
         free = self._free(slots)
         out: dict[str, str] = {}
-        # fifo is arrival order, whichever model is loaded: rooms are the fair scheduler's.
-        by_endpoint = self._rooms(set(in_rooms.values()), now) if in_rooms and self.fair else None
-        for waiter, endpoint in grants(waiters, free, ledger, self.fair, by_endpoint):
+        by_endpoint = (
+            self._rooms(set(in_rooms.values()), now) if in_rooms and self.policy.uses_rooms else None
+        )
+        for waiter, endpoint in grants(waiters, free, ledger, self.policy, by_endpoint):
             db.execute("DELETE FROM waiting WHERE id = ?", (waiter.id,))
             self._lease(
                 model, waiter, endpoint, waiter.cost, pids[waiter.id], now, in_rooms.get(endpoint, "")

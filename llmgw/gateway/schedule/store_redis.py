@@ -34,7 +34,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from llmgw.gateway.schedule.policy import Ledger, Room, Waiter, grants
+from llmgw.gateway.schedule.fair import FAIR
+from llmgw.gateway.schedule.policy import Ledger, Policy, Room, Waiter, grants
 from llmgw.gateway.schedule.store import LEASE_TTL, Ask, QueueFull, Store
 
 log = logging.getLogger("llmgw.gateway")
@@ -89,8 +90,8 @@ end
 class RedisStore:
     """Every instance's workers, on one Redis."""
 
-    def __init__(self, url: str, timeout: float = 0.1, fair: bool = True, patience: float = 5.0) -> None:
-        self.fair = fair
+    def __init__(self, url: str, timeout: float = 0.1, patience: float = 5.0, policy: Policy = FAIR) -> None:
+        self.policy = policy
         self.patience = patience
         self.holder = f"{os.uname().nodename}:{os.getpid()}"
         self.redis = redis.Redis.from_url(
@@ -125,7 +126,7 @@ class RedisStore:
         waiting, leases, _ = self._keys(ask.model)
         waiter, now = ask.waiter, time.time()
         pairs = [str(v) for e in waiter.candidates for v in (e, ask.slots[e])]
-        roomed = bool(ask.rooms) and self.fair
+        roomed = bool(ask.rooms) and self.policy.uses_rooms
         if roomed:
             # A replica in a Room always asks the policy: its slot may not be open.
             self.roomed.add(waiter.id)
@@ -237,8 +238,8 @@ class RedisStore:
                     state = _State(model, *(pipe.hgetall(k) for k in keys))
                     change(state)
                     now = time.time()
-                    rooms = self._rooms(pipe, state, now) if self.fair else None
-                    granted = state.dispatch(now, self.fair, rooms)
+                    rooms = self._rooms(pipe, state, now) if self.policy.uses_rooms else None
+                    granted = state.dispatch(now, self.policy, rooms)
                     pipe.multi()
                     state.write(pipe, keys)
                     if rooms is not None:
@@ -353,7 +354,7 @@ class _State:
         if self.leases.pop(id, None) is not None:
             self.del_leases.add(id)
 
-    def dispatch(self, now: float, fair: bool, rooms: _Rooms | None = None) -> dict[str, str]:
+    def dispatch(self, now: float, policy: Policy, rooms: _Rooms | None = None) -> dict[str, str]:
         for id in [i for i, w in self.waiting.items() if w["x"] < now]:
             self.drop(id)
         for id in [i for i, lease in self.leases.items() if lease["x"] < now]:
@@ -376,7 +377,7 @@ class _State:
         free = {e: n - used.get(e, 0) for e, n in slots.items()}
         out: dict[str, str] = {}
         by_endpoint = rooms.by_endpoint() if rooms is not None and in_rooms else None
-        for waiter, endpoint in grants(waiters, free, self.ledger, fair, by_endpoint):
+        for waiter, endpoint in grants(waiters, free, self.ledger, policy, by_endpoint):
             holder = self.waiting.pop(waiter.id)["h"]
             self.put_waiting.pop(waiter.id, None)
             self.del_waiting.add(waiter.id)

@@ -38,6 +38,7 @@ from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
 from llmgw.gateway.schedule import LocalStore, Scheduler, Store
+from llmgw.gateway.schedule.policies import policy_named
 from llmgw.gateway.schedule.store_redis import RedisStore, Shared
 from llmgw.gateway.settings import Settings, settings_from_env
 from llmgw.gateway.state.discovery import Discovery
@@ -298,13 +299,13 @@ def _limiter(settings: Settings, shared: Path) -> Limiter | None:
 def _scheduler(settings: Settings, shared: Path) -> Scheduler:
     """Slots and lines shared by this instance's workers (its shared directory), and with
     LLMGW_REDIS_URL by every instance."""
-    fair = settings.scheduler == "fair"
+    policy = policy_named(settings.scheduler)
     # How long a request for an on-demand model not loaded waits beside a loaded one in its
     # Room before the loaded one is drained for it: well within LLMGW_QUEUE_WAIT.
     patience = min(5.0, settings.queue_wait / 4)
-    store: Store = LocalStore(shared, fair, patience)
+    store: Store = LocalStore(shared, policy, patience)
     if settings.redis_url:
-        store = Shared(RedisStore(settings.redis_url, settings.redis_timeout, fair, patience), store)
+        store = Shared(RedisStore(settings.redis_url, settings.redis_timeout, patience, policy), store)
     return Scheduler(store, settings.queue_wait, settings.queue_per_key)
 
 

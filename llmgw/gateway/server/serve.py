@@ -22,6 +22,7 @@ import httpx
 
 from llmgw.errors import PlanError, UsageError
 from llmgw.gateway.request.limits import state_directory
+from llmgw.gateway.schedule.policies import policy_named
 from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
 from llmgw.gateway.settings import RETIRED, settings_from_env
 from llmgw.gateway.state.keys import keys_from_settings
@@ -121,6 +122,7 @@ def check_environment(plan: Path, base: Mapping[str, str] | None = None) -> None
     env = dict(os.environ if base is None else base)
     env["LLMGW_PLAN"] = str(plan)
     settings = settings_from_env(env)
+    policy_named(settings.scheduler)
     for name, why in RETIRED.items():
         if name in env:
             print(f"llmgw: {why}", file=sys.stderr)
