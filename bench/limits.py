@@ -35,7 +35,7 @@ import harness  # noqa: E402
 from gateway import BODY, _Client, in_turns, pct  # noqa: E402
 from redis_server import redis_server  # noqa: E402
 
-from llmgw.gateway.request.limits import Limiter  # noqa: E402
+from llmgw.gateway.request.limits import LocalLimiter  # noqa: E402
 from llmgw.gateway.request.limits_redis import SharedLimiter  # noqa: E402
 from llmgw.gateway.state.keys import Tenant  # noqa: E402
 
@@ -44,7 +44,7 @@ FREE, LIMITED = "sk-free", "sk-limited"
 RPM, TPM = 1_000_000_000, 1_000_000_000_000
 
 
-def in_worker(limiters: dict[str, Limiter], calls: int, blocks: int) -> dict[str, list[float]]:
+def in_worker(limiters: dict[str, LocalLimiter], calls: int, blocks: int) -> dict[str, list[float]]:
     """Seconds per admit + count, per store, in blocks that take turns. A key of its own per
     block: a window holds a minute of one key's requests, not the whole bench's (SQLite sums
     the rows in the window at every admission, so its cost grows with them)."""
@@ -99,8 +99,8 @@ def main() -> None:
         harness.engine("bench", "127.0.0.2") as engine,
     ):
         tmp = Path(tmp_name)
-        limiters: dict[str, Limiter] = {
-            "sqlite": Limiter(Path(tempfile.mkdtemp(dir=tmp))),
+        limiters: dict[str, LocalLimiter] = {
+            "sqlite": LocalLimiter(Path(tempfile.mkdtemp(dir=tmp))),
             "redis": SharedLimiter(redis.url, Path(tempfile.mkdtemp(dir=tmp))),
         }
         calls = in_worker(limiters, args.calls, args.blocks)

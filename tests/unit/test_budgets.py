@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.limits import Limiter, state_directory
+from llmgw.gateway.request.limits import LocalLimiter, state_directory
 from llmgw.gateway.state.keys import Budget, Tenant
 
 
@@ -43,7 +43,7 @@ def test_periods_are_calendar_periods_in_utc(every: str, at: str, start: str, en
 
 def test_the_spend_counts_down_and_refuses_with_the_reset(tmp_path: Path) -> None:
     clock = Clock("2026-03-31T22:00:00+00:00")
-    limiter, tenant = Limiter(tmp_path, clock=clock), Tenant("team", budget=Budget(100, "month"))
+    limiter, tenant = LocalLimiter(tmp_path, clock=clock), Tenant("team", budget=Budget(100, "month"))
     remaining = []
     for _ in range(3):
         window = limiter.admit(tenant, 30)
@@ -66,7 +66,7 @@ def test_the_spend_counts_down_and_refuses_with_the_reset(tmp_path: Path) -> Non
 
 
 def test_reservations_hold_the_budget_until_they_settle(tmp_path: Path) -> None:
-    limiter, tenant = Limiter(tmp_path), Tenant("team", budget=Budget(100, "day"))
+    limiter, tenant = LocalLimiter(tmp_path), Tenant("team", budget=Budget(100, "day"))
     held = [limiter.admit(tenant, 50), limiter.admit(tenant, 50)]
     with pytest.raises(ApiError):  # two answers in flight may use all of it
         limiter.admit(tenant, 50)
@@ -79,11 +79,11 @@ def test_reservations_hold_the_budget_until_they_settle(tmp_path: Path) -> None:
 def test_the_spend_outlives_the_limiter_in_the_state_directory(tmp_path: Path) -> None:
     tenant = Tenant("team", budget=Budget(100, "week"))
     (tmp_path / "metrics-1").mkdir(), (tmp_path / "metrics-2").mkdir()
-    first = Limiter(tmp_path / "metrics-1", tmp_path / "state")
+    first = LocalLimiter(tmp_path / "metrics-1", tmp_path / "state")
     window = first.admit(tenant, 10)
     assert window is not None
     first.count(tenant, 5, 25, window.reservation, window.spend)
-    again = Limiter(tmp_path / "metrics-2", tmp_path / "state")  # a restart: a new metrics dir
+    again = LocalLimiter(tmp_path / "metrics-2", tmp_path / "state")  # a restart: a new metrics dir
     spend = again.spent(tenant)
     assert spend is not None and spend.used == 30
     assert again.totals("team") == {"completion_tokens": 25, "prompt_tokens": 5, "requests": 1}
@@ -94,7 +94,7 @@ def test_crossing_warn_at_logs_one_warning_naming_the_key(
 ) -> None:
     clock = Clock("2026-03-02T08:00:00+00:00")
     tenant = Tenant("team-a", budget=Budget(100, "day", warn_at=0.5))
-    workers = [Limiter(tmp_path, clock=clock), Limiter(tmp_path, clock=clock)]
+    workers = [LocalLimiter(tmp_path, clock=clock), LocalLimiter(tmp_path, clock=clock)]
     caplog.set_level(logging.WARNING, "llmgw.gateway")
     for i in range(6):
         limiter = workers[i % 2]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.gateway.errors import ApiError
-from llmgw.gateway.request.limits import Limiter, duration
+from llmgw.gateway.request.limits import LocalLimiter, duration
 from llmgw.gateway.state.keys import Tenant
 
 
@@ -16,12 +16,12 @@ def test_reset_durations_are_written_as_openai_writes_them() -> None:
 
 
 def test_a_key_without_limits_is_not_counted(tmp_path: Path) -> None:
-    assert Limiter(tmp_path).admit(Tenant("free")) is None
+    assert LocalLimiter(tmp_path).admit(Tenant("free")) is None
 
 
 def test_two_limiters_on_one_file_share_the_count(tmp_path: Path) -> None:
     # Two workers are two processes, each with its own connection to the file.
-    first, second = Limiter(tmp_path), Limiter(tmp_path)
+    first, second = LocalLimiter(tmp_path), LocalLimiter(tmp_path)
     tenant = Tenant("t", rpm=3)
     first.admit(tenant)
     second.admit(tenant)
@@ -34,7 +34,7 @@ def test_two_limiters_on_one_file_share_the_count(tmp_path: Path) -> None:
 
 
 def test_tokens_are_charged_and_refuse_once_over(tmp_path: Path) -> None:
-    limiter, tenant = Limiter(tmp_path), Tenant("t", tpm=10)
+    limiter, tenant = LocalLimiter(tmp_path), Tenant("t", tpm=10)
     limiter.admit(tenant)
     limiter.charge(tenant, 10)
     with pytest.raises(ApiError) as refused:

@@ -17,7 +17,7 @@ from llmgw.gateway.errors import ApiError
 from llmgw.gateway.pages.dashboard import render_key_page, render_keys_page, set_page_headers
 from llmgw.gateway.request.access import bearer_token, check_model, usable_models
 from llmgw.gateway.request.body import read_body
-from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.limits import Limits
 from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.schedule import Scheduler
 from llmgw.gateway.state import metrics
@@ -108,7 +108,7 @@ class Readyz:
         state: PlanState,
         token: str | None = None,
         keys: Keys | None = None,
-        limiter: Limiter | None = None,
+        limiter: Limits | None = None,
     ) -> None:
         self.state = state
         self.token = token
@@ -262,7 +262,7 @@ class AdminKeys:
     the gateway (admin token): the last minute as the limits count it, and totals since the
     gateway started, from its own metrics (summed over the workers)."""
 
-    def __init__(self, keys: Keys | None, limiter: Limiter | None, token: str | None) -> None:
+    def __init__(self, keys: Keys | None, limiter: Limits | None, token: str | None) -> None:
         self.keys = keys
         self.limiter = limiter
         self.token = token
@@ -299,7 +299,7 @@ def find_tenant(keys: Keys | None, name: str, listing: str) -> Tenant:
 
 
 def key_document(
-    tenant: Tenant, usage: dict[str, dict[str, float]], limiter: Limiter | None
+    tenant: Tenant, usage: dict[str, dict[str, float]], limiter: Limits | None
 ) -> dict[str, Any]:
     """A key's limits and usage by its name; never the key or its hash."""
     doc: dict[str, Any] = {
@@ -328,7 +328,7 @@ def key_document(
     return doc
 
 
-def _totals(tenant: Tenant, usage: dict[str, dict[str, float]], limiter: Limiter | None) -> dict[str, int]:
+def _totals(tenant: Tenant, usage: dict[str, dict[str, float]], limiter: Limits | None) -> dict[str, int]:
     """Summed over every instance on Redis, or as this instance's state file keeps them (over
     restarts); while Redis is away, this instance's own metrics (summed over its workers)."""
     kept = limiter.totals(tenant.name) if limiter is not None else None
@@ -342,7 +342,7 @@ class DashboardKeys:
     person reads (admin token, as a Bearer header like every admin endpoint), with a key's
     usage per model."""
 
-    def __init__(self, keys: Keys | None, limiter: Limiter | None, token: str | None) -> None:
+    def __init__(self, keys: Keys | None, limiter: Limits | None, token: str | None) -> None:
         self.keys = keys
         self.limiter = limiter
         self.token = token

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.state import metrics
@@ -142,7 +143,47 @@ def duration(seconds: float) -> str:
     return f"{minutes}m{rest}s" if minutes else f"{rest}s"
 
 
-class Limiter:
+class Limits(Protocol):
+    """What a request's path asks of a key's limits and budget, wherever they are counted:
+    `LocalLimiter` (this instance's workers, SQLite) or `SharedLimiter` (every instance, on
+    Redis, limits_redis.py). The gateway holds one of them as this."""
+
+    def admit(self, tenant: Tenant, reserve: int = 0) -> Window | None:
+        """The key's window with this request counted and `reserve` tokens held; ApiError 429
+        when it is over a limit or its budget; None for a key without limits."""
+        ...
+
+    def spent(self, tenant: Tenant) -> Spend | None:
+        """The key's spend this period, held tokens included; None without a budget."""
+        ...
+
+    def used(self, tenant: Tenant) -> tuple[int, int]:
+        """Requests and tokens the key used in the last minute."""
+        ...
+
+    def count(
+        self,
+        tenant: Tenant,
+        prompt: int,
+        completion: int,
+        reservation: int | None = None,
+        spend: Spend | None = None,
+    ) -> None:
+        """An ended answer's tokens, in place of its reservation, and added to its key's totals."""
+        ...
+
+    def charge(
+        self, tenant: Tenant, tokens: int, reservation: int | None = None, spend: Spend | None = None
+    ) -> None:
+        """Tokens an ended answer used, in place of its reservation (no totals)."""
+        ...
+
+    def totals(self, name: str) -> dict[str, int] | None:
+        """A key's usage totals, over restarts."""
+        ...
+
+
+class LocalLimiter:
     """Admits or refuses each request of a key with limits; charges its tokens after."""
 
     def __init__(

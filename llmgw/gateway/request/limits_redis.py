@@ -40,7 +40,7 @@ from redis.retry import Retry
 from llmgw.errors import UsageError
 from llmgw.gateway.request.limits import (
     WINDOW,
-    Limiter,
+    LocalLimiter,
     Spend,
     Window,
     refuse_or_admit,
@@ -262,8 +262,8 @@ def check_redis(url: str, timeout: float = 2.0) -> str | None:
     return None
 
 
-class SharedLimiter(Limiter):
-    """The Limiter's interface, counted on Redis; the parent's SQLite file while Redis is away."""
+class SharedLimiter(LocalLimiter):
+    """The LocalLimiter's interface, counted on Redis; the parent's SQLite file while Redis is away."""
 
     def __init__(
         self,

@@ -56,7 +56,7 @@ from llmgw.gateway.request.body import (
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.disconnect import CLIENT_GONE, Disconnect
 from llmgw.gateway.request.lease import AgentSilent, Leases
-from llmgw.gateway.request.limits import Limiter, Window
+from llmgw.gateway.request.limits import Limits, Window
 from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.refusals import AgentDidNotAnswer, NotReady, budget_spent, none_answered
 from llmgw.gateway.request.relay import (
@@ -123,7 +123,7 @@ class Proxy:
         access: Access,
         outliers: Outliers,
         budget: RetryBudget,
-        limiter: Limiter | None = None,
+        limiter: Limits | None = None,
         leases: Leases | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:

@@ -18,7 +18,7 @@ from llmgw.gateway.errors import anthropic_error_body, error_body, responses_err
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.disconnect import CLIENT_GONE, STALLED, Disconnect
-from llmgw.gateway.request.limits import Limiter
+from llmgw.gateway.request.limits import Limits
 from llmgw.gateway.request.rename import EventRename, JsonRename
 from llmgw.gateway.request.usage import Meter
 from llmgw.gateway.state import metrics, tracing
@@ -36,7 +36,7 @@ class Relaying(Protocol):
     api: Api
     chunk_timeout: float
     max_response: int
-    limiter: Limiter | None
+    limiter: Limits | None
     access: Access
 
 
@@ -299,7 +299,7 @@ def context_exceeded(answer: Any, kind: str) -> bytes | None:
     return error_body(message, "invalid_request_error", param, "context_length_exceeded")
 
 
-def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limiter | None) -> None:
+def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limits | None) -> None:
     """Count an ended answer's tokens in the metrics, and charge its key for them."""
     if meter.free:  # a counting request: toward rpm only, never tpm
         unreserve(ctx, limiter)
@@ -335,7 +335,7 @@ def count_tokens(ctx: RequestContext, meter: Meter, status: int, limiter: Limite
         log.exception("counting the tokens of request %s failed", ctx.request_id)
 
 
-def unreserve(ctx: RequestContext, limiter: Limiter | None) -> None:
+def unreserve(ctx: RequestContext, limiter: Limits | None) -> None:
     """Give back the tokens held for a request that generated nothing."""
     reservation, spend = ctx.reservation, ctx.spend
     if (reservation is None and spend is None) or limiter is None or ctx.tenant is None:

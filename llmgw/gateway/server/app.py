@@ -33,7 +33,7 @@ from llmgw.gateway.pages.resources import (
 from llmgw.gateway.request.access import Access
 from llmgw.gateway.request.context import Request
 from llmgw.gateway.request.lease import Leases
-from llmgw.gateway.request.limits import Limiter, state_directory
+from llmgw.gateway.request.limits import Limits, LocalLimiter, state_directory
 from llmgw.gateway.request.limits_redis import SharedLimiter
 from llmgw.gateway.request.proxy import Proxy
 from llmgw.gateway.request.relay import AnswerCut
@@ -252,7 +252,7 @@ def _add_dashboard(
     samples: Samples,
     loaded: Loaded,
     metrics_token: str | None,
-    limiter: Limiter | None,
+    limiter: Limits | None,
     fleet: FleetWatch,
     scheduler: Scheduler,
 ) -> None:
@@ -283,7 +283,7 @@ def _add_dashboard(
     add_dashboard_routes(app, snapshot, metrics_token)
 
 
-def _limiter(settings: Settings, shared: Path) -> Limiter | None:
+def _limiter(settings: Settings, shared: Path) -> Limits | None:
     """Only named keys (keys.yaml) have limits. With LLMGW_REDIS_URL every instance counts
     them on Redis; without, this instance's workers in their shared directory."""
     if settings.keys_file is None:
@@ -293,7 +293,7 @@ def _limiter(settings: Settings, shared: Path) -> Limiter | None:
     state = state_directory()
     if settings.redis_url:
         return SharedLimiter(settings.redis_url, shared, settings.redis_timeout, state=state)
-    return Limiter(shared, state)
+    return LocalLimiter(shared, state)
 
 
 def _scheduler(settings: Settings, shared: Path) -> Scheduler:
