@@ -1,9 +1,10 @@
 """The APIs the gateway serves, one row per kind: where it is, what it needs, how it answers.
 
 The router (which models answer a kind, and where on the engine), the body checks (the
-length fields), the limits and the meter (what counts, whose usage must be asked for), the
-errors (whose shape) and the OpenAPI page all read these rows, so a new endpoint is one row
-here and its description in pages/openapi.py, not a list in each of them.
+length fields), prefix routing (the prompt's fields), the limits and the meter (what counts,
+whose usage must be asked for), the errors (whose shape), traces (the operation's name) and
+the OpenAPI page all read these rows, so a new endpoint is one row here and its description
+in pages/openapi.py, not a list in each of them.
 
 Beneath every room of the gateway: it imports nothing of it.
 """
@@ -25,6 +26,12 @@ ErrorShape = Literal["openai", "anthropic"]
 # How its stream is made, and so how a stream cut off ends: `data:` events (OpenAI's chat and
 # completions), `event: response.*` (Responses), `event: message_*` (Messages).
 Events = Literal["openai", "responses", "anthropic"]
+# Where the prompt's leading part is, for prefix routing (request/prefix.py):
+#   messages  a list of chat messages in `prompt_fields[0]`
+#   text      a string (or a list whose first is one) in `prompt_fields[0]`
+#   lead      a system prompt in `prompt_fields[0]` beside the turns in `prompt_fields[1]`
+#   none      nothing worth routing by
+Prompt = Literal["messages", "text", "lead", "none"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,14 @@ class Api:
     # a client that counts first would otherwise pay for its prompt twice.
     counts_only: bool = False
     needs_model: bool = True  # the body names a model from GET /v1/models
+    prompt: Prompt = "none"
+    prompt_fields: tuple[str, ...] = ()
+    # The OpenTelemetry GenAI conventions' operation name its spans carry; None: the kind.
+    operation: str | None = None
+
+    @property
+    def trace_operation(self) -> str:
+        return self.operation or self.kind
 
     @property
     def generates(self) -> bool:
@@ -70,6 +85,9 @@ _ROWS = (
         _CHAT,
         ("max_tokens", "max_completion_tokens", "n_predict"),
         streams=True,
+        prompt="messages",
+        prompt_fields=("messages",),
+        operation="chat",
     ),
     Api(
         "completion",
@@ -78,8 +96,11 @@ _ROWS = (
         frozenset({"chat", "completion"}),
         ("max_tokens", "n_predict"),
         streams=True,
+        prompt="text",
+        prompt_fields=("prompt",),
+        operation="text_completion",
     ),
-    Api("embedding", "/v1/embeddings", "/v1/embeddings", frozenset({"embedding"})),
+    Api("embedding", "/v1/embeddings", "/v1/embeddings", frozenset({"embedding"}), operation="embeddings"),
     Api(
         "responses",
         "/v1/responses",
@@ -91,6 +112,9 @@ _ROWS = (
         usage="input_output",
         events="responses",
         streams=True,
+        prompt="lead",
+        prompt_fields=("instructions", "input"),
+        operation="chat",  # the Responses API is a chat in another API's words
     ),
     Api(
         "messages",
@@ -102,6 +126,9 @@ _ROWS = (
         errors="anthropic",
         events="anthropic",
         streams=True,
+        prompt="lead",
+        prompt_fields=("system", "messages"),
+        operation="chat",  # so is Anthropic's Messages API
     ),
     Api(
         "count_tokens",

@@ -11,6 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from llmgw.gateway.api import APIS
+
 # How much of a prompt decides its replica: enough to cover a system prompt and the first
 # turn, so every later turn of a conversation, which repeats them, lands where they are cached.
 PREFIX_CHARS = 2048
@@ -23,22 +25,25 @@ def prefix_key(kind: str, request: Mapping[str, Any]) -> int | None:
     Stable across workers and restarts (blake2b, not Python's salted `hash`): two workers
     must send the same conversation to the same replica.
     """
-    if kind == "chat":
-        messages = request.get("messages")
+    api = APIS.get(kind)
+    if api is None:
+        return None
+    if api.prompt == "messages":
+        messages = request.get(api.prompt_fields[0])
         if not isinstance(messages, list) or not messages:
             return None
         # Each message's own beginning: a long shared system prompt must not crowd the first
         # question out of the key, or every conversation under that prompt (and its load)
         # would land on one replica; each conversation still keeps to its own.
         text = json.dumps([_head(m) for m in messages[:PREFIX_MESSAGES]], sort_keys=True, ensure_ascii=False)
-    elif kind in _LEADS:
-        system, turns = _LEADS[kind]
+    elif api.prompt == "lead":
+        system, turns = api.prompt_fields
         lead = _lead(request.get(system), request.get(turns))
         if lead is None:
             return None
         text = lead
-    elif kind == "completion":
-        prompt = request.get("prompt")
+    elif api.prompt == "text":
+        prompt = request.get(api.prompt_fields[0])
         if isinstance(prompt, list) and prompt:
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
@@ -47,10 +52,6 @@ def prefix_key(kind: str, request: Mapping[str, Any]) -> int | None:
     else:
         return None
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest(), "big")
-
-
-# The Responses and Messages APIs' fields for the system prompt and the conversation.
-_LEADS = {"responses": ("instructions", "input"), "messages": ("system", "messages")}
 
 
 def _lead(system: Any, turns: Any) -> str | None:

@@ -28,19 +28,13 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
+from llmgw.gateway.api import APIS
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
 log = logging.getLogger("llmgw.gateway")
 
-# The conventions' operation names; the Messages and Responses APIs are chats.
-OPERATIONS = {
-    "chat": "chat",
-    "messages": "chat",
-    "responses": "chat",
-    "completion": "text_completion",
-    "embedding": "embeddings",
-}
 # Request fields → the conventions' attributes, recorded when the client sent them.
 _PARAMETERS = {
     "max_tokens": "gen_ai.request.max_tokens",
@@ -175,7 +169,7 @@ def begin(
     from opentelemetry.propagate import extract
     from opentelemetry.trace import SpanKind
 
-    operation = OPERATIONS.get(kind, kind)
+    operation = APIS[kind].trace_operation if kind in APIS else kind
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": operation,
         "gen_ai.request.model": requested,
