@@ -24,6 +24,11 @@ def gw(tmp_path_factory: pytest.TempPathFactory, engine_a: Engine, engine_b: Eng
         model("dead", [profile([dead_endpoint()], "dead")]).model_copy(update={"fallbacks": ("backup",)}),
         model("flaky", [profile([engine_a.url], "flaky")]).model_copy(update={"fallbacks": ("backup",)}),
         model("backup", [profile([engine_b.url], "backup")]),
+        # A fallback that writes at most 100 tokens, behind a model that sets no limit.
+        model("unbounded", [profile([dead_endpoint()], "unbounded")]).model_copy(
+            update={"fallbacks": ("small",)}
+        ),
+        model("small", [profile([engine_b.url], "small")], max_output=100),
     ]
     write_plan(path, plan(models))
     keys = tmp / "keys.yaml"
@@ -97,3 +102,15 @@ def test_models_list_their_fallbacks(gw: Gateway) -> None:
 def test_the_dashboard_shows_fallbacks(gw: Gateway) -> None:
     page = httpx.get(gw.url + "/dashboard", timeout=10).text
     assert "falls back to" in page and "<code>backup</code>" in page
+
+
+@pytest.mark.parametrize("asked", [{"max_tokens": 3000}, {}], ids=["3000", "none"])
+def test_a_fallback_gets_the_request_capped_at_its_own_max_output(
+    gw: Gateway, engine_b: Engine, asked: dict[str, int]
+) -> None:
+    """`small` refuses 3,000 tokens when asked itself; as a fallback it must not be sent them."""
+    assert post(gw, "small", max_tokens=3000).status_code == 400
+    answer = post(gw, "unbounded", **asked)
+    assert answer.status_code == 200 and answer.headers["x-llmgw-fallback"] == "small", answer.text
+    seen = engine_b.stats()["max_tokens_seen"][-1]
+    assert seen == 100, f"the fallback was sent max_tokens {seen}, past its max_output of 100"

@@ -108,9 +108,7 @@ def parse_request(body: bytes) -> dict[str, Any]:
     if model is None or model == "":
         raise ApiError(400, "The request has no `model`; name one from GET /v1/models.", param="model")
     if not isinstance(model, str):
-        raise ApiError(
-            400, "`model` must be a string: a name from GET /v1/models, in quotes.", param="model"
-        )
+        raise ApiError(400, "`model` must be a string: a name from GET /v1/models, in quotes.", param="model")
     stream = request.get("stream")
     if stream is not None and not isinstance(stream, bool):
         # `"stream": 1` streams on every engine, while the gateway, reading it as no stream,
@@ -158,6 +156,25 @@ def output_limit(model: Model, kind: str, request: dict[str, Any]) -> tuple[dict
     if model.max_output is None:
         return request, None
     return {**request, fields[0]: model.max_output}, model.max_output
+
+
+def capped_for(model: Model, kind: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The request as `model` would take it as a fallback: every length field it set above the
+    model's `max_output` (or -1, no limit) lowered to it, and the limit written in when it set
+    none. Sent as it was, a 3,000-token ask reached a fallback whose max_output is 100, one
+    it would have refused itself."""
+    limit = model.max_output
+    fields = APIS[kind].length_fields
+    if limit is None or not fields:
+        return request
+    capped = dict(request)
+    for field in fields:
+        value = capped.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and (value > limit or value == -1):
+            capped[field] = limit
+    if not any(capped.get(field) is not None for field in fields):
+        capped[fields[0]] = limit
+    return capped
 
 
 def check_max_tokens(model: Model, request: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import falcon
@@ -47,6 +48,7 @@ from llmgw.gateway.errors import ApiError
 from llmgw.gateway.request.access import Access, check_model
 from llmgw.gateway.request.body import (
     ask_for_usage,
+    capped_for,
     check_max_tokens,
     output_limit,
     parse_request,
@@ -111,6 +113,27 @@ FALLBACK_HEADER = "x-llmgw-fallback"
 PRIORITY_HEADER = "x-llmgw-priority"
 # How long the answer waited for a replica's slot, on the answers that waited at all.
 QUEUE_WAIT_HEADER = "x-llmgw-queue-wait-ms"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One model's try at a request: the model, the name its answer carries, the request as
+    that model is sent it (and its bytes); and what every try of one request shares: its
+    context, the watch on its client, and its prompt's routing key."""
+
+    model: Model
+    requested: str
+    request: dict[str, Any]
+    body: bytes
+    ctx: RequestContext
+    watch: Disconnect
+    key: Callable[[], int | None]
+
+    def fallback(self, other: Model, kind: str) -> Attempt:
+        """The same request for a fallback, as its own model would take it: named for it,
+        and its answer's length capped at its max_output."""
+        asked = capped_for(other, kind, {**self.request, "model": other.name})
+        return Attempt(other, other.name, asked, json.dumps(asked).encode(), self.ctx, self.watch, self.key)
 
 
 class Proxy:
@@ -184,7 +207,8 @@ class Proxy:
         watch = Disconnect(req.scope)
         try:
             key = functools.partial(prefix_key, self.kind, request)
-            answer, served = await self._open_or_fall_back(model, requested, request, body, ctx, watch, key)
+            attempt = Attempt(model, requested, request, body, ctx, watch, key)
+            answer, served = await self._open_or_fall_back(attempt)
         except BaseException:
             watch.stop()
             unreserve(ctx, self.limiter)
@@ -302,24 +326,16 @@ class Proxy:
         ctx.streaming = True  # the access log's line is the relay's to write, at its end
         resp.stream = Relay(self, req, answer, watch, rename, meter)
 
-    async def _open_or_fall_back(
-        self,
-        model: Model,
-        requested: str,
-        request: dict[str, Any],
-        body: bytes,
-        ctx: RequestContext,
-        watch: Disconnect,
-        key: Callable[[], int | None],
-    ) -> tuple[Answer, Model]:
+    async def _open_or_fall_back(self, attempt: Attempt) -> tuple[Answer, Model]:
         """The model's answer and the model that gave it: the model itself, or when it could
         not take the request or its replica failed before the first byte, the first of its
         fallbacks that answers and that the key may use. A 4xx is the caller's own error and
         is never tried elsewhere; when every fallback fails too, the model's own failure is
         the answer, since it is the model the client asked for."""
+        model, ctx = attempt.model, attempt.ctx
         failure: ApiError | Answer
         try:
-            answer = await self._open(model, requested, request, body, ctx, watch, key)
+            answer = await self._open(attempt)
         except ApiError as exc:
             if exc.status not in _FALL_BACK_ON or not model.listing.get("fallbacks"):
                 raise
@@ -330,10 +346,8 @@ class Proxy:
             failure = answer
         try:
             for other in self._fallbacks(model, ctx):
-                asked = {**request, "model": other.name}
-                content = json.dumps(asked).encode()
                 try:
-                    answer = await self._open(other, other.name, asked, content, ctx, watch, key)
+                    answer = await self._open(attempt.fallback(other, self.kind))
                 except ApiError as exc:
                     if exc.status not in _FALL_BACK_ON:
                         raise
@@ -371,16 +385,9 @@ class Proxy:
             usable.append(other)
         return usable
 
-    async def _open(
-        self,
-        model: Model,
-        requested: str,
-        request: dict[str, Any],
-        body: bytes,
-        ctx: RequestContext,
-        watch: Disconnect,
-        key: Callable[[], int | None],
-    ) -> Answer:
+    async def _open(self, attempt: Attempt) -> Answer:
+        model, requested, request, body = attempt.model, attempt.requested, attempt.request, attempt.body
+        ctx, watch, key = attempt.ctx, attempt.watch, attempt.key
         headers = [
             (b"content-type", b"application/json"),
             (b"x-request-id", ctx.request_id.encode()),
