@@ -50,6 +50,17 @@ def test_a_smaller_fallback_is_a_warning(tmp_path: Path) -> None:
     assert finding.severity == "warning" and "max_output 1024 < 4096" in finding.message
 
 
+def test_a_fallback_with_a_limit_behind_a_model_without_one_is_a_warning(tmp_path: Path) -> None:
+    """The gateway caps what a fallback is sent at its own max_output: while the first model is
+    down, its long answers come back shorter, and the reviewer is told before the merge."""
+    result = run(tmp_path, {
+        "open.yaml": model_yaml("open", extra="fallbacks: [small]\n"),
+        "small.yaml": model_yaml("small", extra="max_output: 100\n"),
+    })  # fmt: skip
+    (finding,) = by_rule(result, "fallback-smaller")
+    assert finding.severity == "warning" and "max_output 100, where this model sets none" in finding.message
+
+
 def test_the_plan_lists_fallbacks_only_for_a_model_that_has_them(tmp_path: Path) -> None:
     result = run(tmp_path, {"a.yaml": model_yaml("a", extra="fallbacks: [b]\n"), "b.yaml": model_yaml("b")})
     assert not result.counts()[0], result.findings

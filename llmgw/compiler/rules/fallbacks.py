@@ -4,7 +4,9 @@ answer the same requests when it cannot.
 A fallback is sent the very request its model was: one that names no model, or does another
 task (embeddings for a chat), would turn a model's outage into every caller's 400. One with a
 smaller context or output limit takes most requests but refuses the longest, so it is only
-a warning.
+a warning. Since the gateway caps a fallback's answer at its own max_output, a model with no
+limit of its own whose fallback has one is warned of the same way: its answers while it is
+down are cut shorter than the same answers when it is up.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def _unlike(entry: Entry, i: int, other: Entry) -> Iterator[Finding]:
         smaller.append(f"context_length {fallback.context_length} < {spec.context_length}")
     if spec.max_output is not None and (fallback.max_output or spec.max_output) < spec.max_output:
         smaller.append(f"max_output {fallback.max_output} < {spec.max_output}")
+    elif spec.max_output is None and fallback.max_output is not None:
+        smaller.append(f"max_output {fallback.max_output}, where this model sets none")
     if smaller:
         yield entry.doc.finding(
             "warning",
