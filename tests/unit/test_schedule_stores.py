@@ -264,3 +264,33 @@ def test_a_room_counts_no_wait_while_the_loaded_replica_is_still_loading(patient
     assert store.ask(lone)[0] is None
     time.sleep(0.35)  # a's engine loading, its first request not yet answered
     assert store.ask(on(A, "a"))[0] == A, "b's wait through a's load ended a's turn before it began"
+
+
+def test_slots_given_back_while_redis_is_frozen_are_free_once_it_answers(tmp_path: Path) -> None:
+    """Two requests end while Redis is stopped (SIGSTOP: connections open, nothing answered).
+    Their slots must not stay taken: once Redis answers, they are given back at the next
+    heartbeat, and the worker never renews them meanwhile (so they would lapse regardless)."""
+    from llmgw.gateway.schedule import store_redis
+    from llmgw.gateway.schedule.store_redis import Shared
+
+    (tmp_path / "redis").mkdir()
+    (tmp_path / "local").mkdir()
+    with redis_server(tmp_path / "redis") as server:
+        store = Shared(RedisStore(server.url, timeout=0.2), LocalStore(tmp_path / "local"))
+        slots = {A: 2}
+        first, second = ask("k", slots), ask("k", slots)
+        assert store.ask(first)[0] == A and store.ask(second)[0] == A
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            store.give_back("m", first.waiter.id)
+            store.give_back("m", second.waiter.id)
+            assert not store.shared.mine.get("m"), "the heartbeat still renews leases given back"
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + store_redis.RETRY_EVERY + 2
+        while time.monotonic() < deadline and store.shared.in_use(["m"]):
+            store.renew()  # the heartbeat's turn, every LEASE_TTL / 3 in a worker
+            time.sleep(0.1)
+        assert store.shared.in_use(["m"]) == {}, "a slot given back during the outage is still taken"
+        assert store.ask(ask("k", slots))[0] == A, "a later request found no free slot"
+        store.close()

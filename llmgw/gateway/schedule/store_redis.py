@@ -222,6 +222,11 @@ class RedisStore:
     def close(self) -> None:
         self.redis.close()
 
+    def forget(self, model: str, id: str) -> None:
+        """This worker renews the request's lease or place no more: on Redis it lapses within
+        LEASE_TTL, whether or not it is ever given back."""
+        self._forget(model, id)
+
     def _forget(self, model: str, id: str) -> None:
         ids = self.mine.get(model)
         if ids is not None:
@@ -452,6 +457,11 @@ class Shared:
         self.asks: dict[str, Ask] = {}
         self.down_until = 0.0
         self.reason: str | None = None
+        # Leases and places given up while Redis did not answer: given back when it answers
+        # again (they lapse within LEASE_TTL anyway, being renewed no more). Once, a give-back
+        # skipped during a 2.5 s outage left its lease renewed by the heartbeat for good: the
+        # replica's slots stayed taken with its engine idle, and every later request got 503.
+        self.owed: dict[str, tuple[str, float, bool]] = {}  # id → model, correction, left
 
     def _store(self, id: str) -> Store:
         return self.where.get(id, self.shared)
@@ -510,17 +520,44 @@ class Shared:
         self.asks.pop(id, None)
         if store is self.local:
             return store.give_back(model, id, correction)
-        return self._guard(lambda: store.give_back(model, id, correction), list)
+        return self._settle(model, id, correction, left=False)
 
     def leave(self, model: str, id: str) -> list[str]:
         store = self.where.pop(id, self.shared)
         self.asks.pop(id, None)
         if store is self.local:
             return store.leave(model, id)
-        return self._guard(lambda: store.leave(model, id), list)
+        return self._settle(model, id, 0.0, left=True)
+
+    def _settle(self, model: str, id: str, correction: float, left: bool) -> list[str]:
+        """Give a Redis lease or place back now, or owe it until Redis answers."""
+        self.shared.forget(model, id)
+
+        def owe() -> list[str]:
+            self.owed[id] = (model, correction, left)
+            return []
+
+        def run() -> list[str]:
+            if left:
+                return self.shared.leave(model, id)
+            return self.shared.give_back(model, id, correction)
+
+        return self._guard(run, owe)
+
+    def _pay(self) -> list[str]:
+        """Give back what was owed while Redis was out; the ids granted meanwhile."""
+        granted: list[str] = []
+        for id, (model, correction, left) in list(self.owed.items()):
+            del self.owed[id]
+            before = self.down_until
+            granted += self._settle(model, id, correction, left)
+            if self.down_until != before:  # Redis failed again: the rest wait for next time
+                break
+        return granted
 
     def dispatch(self, model: str) -> list[str]:
-        return self.local.dispatch(model) + self._guard(lambda: self.shared.dispatch(model), list)
+        paid = self._pay() if self.owed and time.monotonic() >= self.down_until else []
+        return paid + self.local.dispatch(model) + self._guard(lambda: self.shared.dispatch(model), list)
 
     def correct(self, model: str, key: str, share: float, correction: float) -> None:
         self._guard(lambda: self.shared.correct(model, key, share, correction), lambda: None)
@@ -547,6 +584,8 @@ class Shared:
     def renew(self) -> None:
         self.local.renew()
         self._guard(self.shared.renew, lambda: None)
+        if self.owed and time.monotonic() >= self.down_until:
+            self._pay()
 
     def close(self) -> None:
         self.shared.close()
