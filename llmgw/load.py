@@ -246,6 +246,14 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
                 display, 1, 1, "yaml", "error", f"the file is not UTF-8 (byte {exc.start}); save it as UTF-8."
             )
         ]
+    return parse_document(text, display)
+
+
+def parse_document(text: str, display: str) -> tuple[Document | None, list[Finding]]:
+    """Parse YAML text already read, with every bound the catalogue's files have: nesting,
+    anchors and aliases (a "billion laughs" is refused, never expanded), values Python cannot
+    build. Every reader of a file a person edits goes through here: keys.yaml's own loader
+    once expanded nine levels of aliases in each gateway worker until it passed 2 GB."""
     deep = too_deep_at(text)
     if deep is not None:
         # Before any loader: the C composer would recurse through it and crash the process.
@@ -284,8 +292,9 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
                 *_reused_anchor(text),
                 "yaml",
                 "error",
-                "anchors and aliases (&name / *name) are not allowed in catalogue files, "
-                "so a file cannot expand into something huge; write the value out in full.",
+                "anchors and aliases (&name / *name) are not allowed in llmgw's files (the "
+                "catalogue, the fleet, keys.yaml), so a file cannot expand into something huge; "
+                "write the value out in full.",
             )
         ]
     return doc, []

@@ -24,8 +24,7 @@ from llmgw.compiler.catalogue import Entry, catalogue_files
 from llmgw.compiler.validate import check_document
 from llmgw.errors import UsageError
 from llmgw.findings import Finding
-from llmgw.load import Document, load_document
-from llmgw.nesting import too_deep_at, too_deep_sentence
+from llmgw.load import Document, load_document, parse_document
 from llmgw.plan import Plan
 from llmgw.schema import dates_as_text, proves_valid
 
@@ -195,11 +194,14 @@ def _text_of(path: Path) -> str:
 
 
 def _editable(yaml: YAML, text: str, path: Path) -> Any:
-    """The file's round-trip document; UsageError for anything that keeps it from being edited."""
-    deep = too_deep_at(text)
-    if deep is not None:
-        line, column = deep
-        raise UsageError(f"{path}:{line}:{column}: {too_deep_sentence()}")
+    """The file's round-trip document; UsageError for anything that keeps it from being edited.
+    Read first with the bounded loader every reader of keys.yaml uses, so a file that nests too
+    deeply or expands through aliases is refused before the round-trip loader sees it."""
+    _, findings = parse_document(text, str(path))
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        first = errors[0]
+        raise UsageError(f"{path}:{first.line}:{first.column}: {first.message} No key was added.")
     try:
         return yaml.load(text)
     except YAMLError as exc:

@@ -153,7 +153,17 @@ def test_a_bad_keys_file_is_refused_and_the_old_keys_keep_working(served: tuple[
         replace(keys, BASE)
 
 
+def alias_bomb(levels: int = 9) -> str:
+    """Nine levels of nine aliases each: a few hundred bytes that expand to 9**9 strings."""
+    lines = ["bomb:", "  - &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"  - &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
 UNREADABLE = {
+    # Read with a loader that followed every alias, each worker grew past 2 GB and answered
+    # nothing, and the workers gunicorn started in their place read it and hung too.
+    "an alias bomb": (BASE + alias_bomb()).encode(),
     # A date YAML reads as one but no calendar has: ruamel raised ValueError past the reader.
     "an impossible date": (BASE + entry("later", LATER, "    expires: 2027-02-29\n")).encode(),
     "a byte that is not UTF-8": BASE.encode() + "# caf\u00e9\n".encode("latin-1"),

@@ -217,3 +217,29 @@ def test_the_gateway_refuses_a_keys_file_that_is_not_yaml_in_lints_words(tmp_pat
     assert f"keys.yaml:{finding.line}:{finding.column} " in refusal, refusal
     assert finding.message in refusal, f"/readyz says {refusal!r}, lint says {finding.message!r}"
     assert "while scanning" not in refusal, "the parser's own wording reached the operator"
+
+
+ALIAS_BOMB = "".join(
+    ["keys: []\nbomb:\n  - &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"]
+    + [f"  - &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]\n" for n in range(1, 9)]
+)
+
+
+@pytest.mark.parametrize("command", [("keys", "list", "--file", "keys.yaml"), ("keys", "add", "new")])
+def test_every_reader_of_keys_yaml_refuses_an_alias_bomb_at_once(llmgw, tmp_path: Path, command) -> None:
+    """A few hundred bytes of nested aliases once took `keys list` 60 s and 2.7 GB; only lint
+    refused them. Each reader refuses them as lint does, naming where, and changes nothing."""
+    (tmp_path / "keys.yaml").write_text(ALIAS_BOMB)
+    run = llmgw(*command, cwd=tmp_path)
+    assert run.code == 2, run
+    assert "keys.yaml:3:5" in run.stderr and "anchors and aliases" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    assert (tmp_path / "keys.yaml").read_text() == ALIAS_BOMB, "the file was changed"
+
+
+def test_the_gateway_refuses_an_alias_bomb_in_keys_yaml_in_lints_words(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(ALIAS_BOMB)
+    with pytest.raises(UsageError) as refused:
+        read_keys_file(path)
+    assert "anchors and aliases" in str(refused.value) and "(LLMGW_KEYS_FILE)" in str(refused.value)

@@ -26,14 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-
 from llmgw.atomic import file_signature, replace_file
 from llmgw.errors import UsageError
-from llmgw.nesting import too_deep_at, too_deep_sentence
+from llmgw.load import MAX_FILE_BYTES, parse_document
 from llmgw.schema import dates_as_text, first_error_path
-from llmgw.yaml_errors import yaml_error
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -181,29 +177,23 @@ def _utf8(raw: bytes, path: Path, setting: str) -> str:
 
 
 def _yaml(text: str, path: Path) -> Any:
-    """keys.yaml's data; UsageError for anything YAML or Python cannot make of it."""
-    deep = too_deep_at(text)
-    if deep is not None:
-        line, column = deep
-        raise UsageError(f"{path}:{line}:{column} (LLMGW_KEYS_FILE): {too_deep_sentence()}")
-    try:
-        return YAML(typ="safe").load(text)
-    except MarkedYAMLError as exc:
+    """keys.yaml's data, read with lint's bounded loader; UsageError with lint's own sentence
+    for anything YAML or Python cannot make of it, or that would expand past reason."""
+    if len(text) > MAX_FILE_BYTES:
+        raise UsageError(
+            f"{path} (LLMGW_KEYS_FILE) is {len(text):,} characters, more than the "
+            f"{MAX_FILE_BYTES:,} llmgw reads; a key's entry is a line or two."
+        )
+    doc, findings = parse_document(text, str(path))
+    errors = [f for f in findings if f.severity == "error"]
+    if errors or doc is None:
+        first = errors[0] if errors else None
+        where = f"{path}:{first.line}:{first.column}" if first else str(path)
+        sentence = first.message if first else "it could not be read."
         # lint's sentence, not the parser's states: the person reading /readyz fixes the
         # file from it.
-        line, column, sentence = yaml_error(exc, text)
-        raise UsageError(f"{path}:{line}:{column} (LLMGW_KEYS_FILE): {sentence}") from None
-    except YAMLError as exc:
-        raise UsageError(
-            f"{path} (LLMGW_KEYS_FILE) is not valid YAML: {exc}. `llmgw lint` shows where."
-        ) from None
-    except (ValueError, TypeError, OverflowError, KeyError, IndexError, RecursionError) as exc:
-        # A value YAML types but Python cannot build: `expires: 2027-02-29`, a `!!int ""`.
-        raise UsageError(
-            f"{path} (LLMGW_KEYS_FILE) holds a value YAML reads as a date or a number but that "
-            f"is not a valid one ({exc}), such as the day 2027-02-29; fix it, or quote it if it "
-            "is text. `llmgw lint --keys FILE` shows where."
-        ) from None
+        raise UsageError(f"{where} (LLMGW_KEYS_FILE): {sentence}")
+    return doc.data
 
 
 def _check_schema(doc: Any, path: Path) -> None:
