@@ -22,7 +22,6 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,15 @@ import falcon
 import falcon.asgi
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from llmgw.gateway.pages.labels import (
+    context_label,
+    gb_label,
+    median_label,
+    rate_label,
+    relative_age,
+    seconds_label,
+    utc_iso,
+)
 from llmgw.gateway.request.access import bearer_token
 from llmgw.gateway.state.rates import Figures, ModelFigures
 from llmgw.plan import Plan, PlanModel
@@ -193,10 +201,6 @@ def _node_views(plan: Plan) -> tuple[NodeView, ...]:
     )
 
 
-def gb_label(gb: float) -> str:
-    return f"{gb:.1f}".removesuffix(".0")
-
-
 def node_document(node: NodeView, loaded: frozenset[str]) -> dict[str, Any]:
     """One node's memory bar and its models, as shown: the plan's figures for always-on, the
     on-demand replicas loaded now, and what is left."""
@@ -262,54 +266,11 @@ def healthy_count(endpoints: tuple[str, ...], healthy: Mapping[str, bool]) -> in
     return sum(1 for e in endpoints if healthy.get(e, False))
 
 
-def utc_iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def relative_age(seconds: float) -> str:
-    """'just now', '42 s ago', '5 min ago', '3 h ago', '2 d ago'."""
-    s = max(0, int(seconds))
-    if s < 5:
-        return "just now"
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
-        if s >= size:
-            return f"{s // size} {unit} ago"
-    return f"{s} s ago"
-
-
-def context_label(tokens: int) -> str:
-    # Context windows are powers of two in practice; "128K" reads faster than 131,072.
-    if tokens >= 1024 and tokens % 1024 == 0:
-        return f"{tokens // 1024}K"
-    return f"{tokens:,}"
-
-
 def _prefix_counts(snapshot: DashboardSnapshot, model: str, profile: ProfileView) -> dict[str, int]:
     if profile.routing != "prefix":
         return {}
     hits, spills = snapshot.prefix.get((model, profile.name), (0, 0))
     return {"prefix_hits": hits, "prefix_spills": spills}
-
-
-def seconds_label(seconds: float) -> str:
-    """'180 ms', '1.2 s', '42 s': as precise as a median read from buckets deserves."""
-    if seconds < 1:
-        return f"{max(1, round(seconds * 1000))} ms"
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    return f"{round(seconds)} s"
-
-
-def rate_label(value: float) -> str:
-    if value == 0:
-        return "0"
-    return f"{value:.1f}" if value < 10 else f"{round(value):,}"
-
-
-def _median_label(value: float | None, over: bool) -> str:
-    if value is None:
-        return "–"
-    return f"> {seconds_label(value)}" if over else f"≈ {seconds_label(value)}"
 
 
 def _usage_row(figures: ModelFigures | None) -> dict[str, Any]:
@@ -318,8 +279,8 @@ def _usage_row(figures: ModelFigures | None) -> dict[str, Any]:
     return {
         "requests": figures.requests,
         "rpm": rate_label(figures.rpm),
-        "latency": _median_label(figures.latency_median, figures.latency_over),
-        "ttft": _median_label(figures.ttft_median, figures.ttft_over),
+        "latency": median_label(figures.latency_median, figures.latency_over),
+        "ttft": median_label(figures.ttft_median, figures.ttft_over),
         "tokens_per_second": rate_label(figures.tokens_per_second),
     }
 
