@@ -94,6 +94,7 @@ def lint_keys(
                 )
         if previous is not None and key.get("models"):
             findings.extend(_newly_reached(display, i, key, entries, previous))
+        findings.extend(_unbounded(doc, i, key, entries))
         expires = key.get("expires")
         if expires and dt.date.fromisoformat(expires) < (today or dt.date.today()):
             findings.append(
@@ -106,6 +107,37 @@ def lint_keys(
                 )
             )
     return findings
+
+
+def _unbounded(doc: Document, i: int, key: dict[str, Any], entries: Sequence[Entry]) -> list[Finding]:
+    """A key with a budget or tpm that reaches a model setting no max_output: a request to it
+    without max_tokens may run to the end of its context, so the gateway holds that much of
+    the key's tokens for it, and such requests are refused far sooner than their answers
+    would spend."""
+    limits = [what for what in ("budget", "tpm") if key.get(what) is not None]
+    if not limits:
+        return []
+    patterns = key.get("models") or ["*"]
+    reached = sorted(
+        e.spec.name
+        for e in entries
+        if e.spec.max_output is None
+        and e.spec.task in ("chat", "completion")
+        and any(fnmatch.fnmatchcase(n, p) for p in patterns for n in (e.spec.name, *e.spec.aliases))
+    )
+    if not reached:
+        return []
+    return [
+        doc.finding(
+            "warning",
+            "keys-unbounded",
+            ("keys", i, limits[0]),
+            f"the key '{key.get('name')}' has a {' and a '.join(limits)} and reaches "
+            f"{', '.join(reached)}, which set no max_output: each of its requests there without "
+            "max_tokens holds the model's whole context of the key's tokens until it ends. Give "
+            "those models a max_output, or have the key's clients send max_tokens.",
+        )
+    ]
 
 
 def catalogue_names(catalog: Path) -> set[str]:

@@ -15,6 +15,7 @@ from harness import Engine, Gateway, ask_as, gateway, key_digest, model, plan, p
 from redis_server import RedisServer, redis_server
 
 DAILY, MONTHLY, BURST, WARNED = "sk-daily", "sk-monthly", "sk-burst", "sk-warned"
+UNBOUNDED = "sk-unbounded"
 ADMIN = "admin-secret"
 
 
@@ -22,17 +23,28 @@ def keys_file(path: Path) -> Path:
     path.write_text(
         "keys:\n"
         f"  - {{name: daily, sha256: {key_digest(DAILY)}, budget: {{tokens: 1000, every: day}}}}\n"
-        f"  - {{name: monthly, sha256: {key_digest(MONTHLY)}, budget: {{tokens: 10, every: month}}}}\n"
+        f"  - {{name: monthly, sha256: {key_digest(MONTHLY)}, budget: {{tokens: 40, every: month}}}}\n"
         f"  - {{name: burst, sha256: {key_digest(BURST)}, budget: {{tokens: 60, every: week}}}}\n"
+        f"  - {{name: unbounded, sha256: {key_digest(UNBOUNDED)}, budget: {{tokens: 3000, every: day}}}}\n"
         f"  - {{name: warned, sha256: {key_digest(WARNED)}, "
-        "budget: {tokens: 30, every: day, warn_at: 0.5}}\n"
+        "budget: {tokens: 60, every: day, warn_at: 0.5}}\n"
     )
     return path
 
 
 def plan_file(tmp: Path, engine: Engine) -> Path:
     path = tmp / "plan.json"
-    write_plan(path, plan([model("chat", [profile([engine.url], "chat")])]))
+    # A model that bounds its answers: one that does not holds its whole context of a budget
+    # per request (docs/budgets.md), which no budget here would admit.
+    write_plan(
+        path,
+        plan(
+            [
+                model("chat", [profile([engine.url], "chat")], max_output=4),
+                model("open", [profile([engine.url], "open")], context_length=1000),
+            ]
+        ),
+    )
     return path
 
 
@@ -64,19 +76,27 @@ def test_every_answer_counts_the_budget_down(gw: Gateway) -> None:
     assert spend(gw, "daily")["used"] == 20
 
 
-def test_a_spent_budget_is_refused_with_when_it_resets(gw: Gateway) -> None:
-    assert ask_as(gw, MONTHLY).status_code == 200  # 0 of 10 used: admitted, uses 7
-    assert ask_as(gw, MONTHLY).status_code == 200  # 7 of 10: admitted; one may go past by its size
-    refused = ask_as(gw, MONTHLY)
+def test_a_request_that_would_overrun_the_budget_is_refused_with_what_fits_and_when(gw: Gateway) -> None:
+    # Each request holds its prompt's estimate (a token per 4 bytes of body) and max_output (4)
+    # until it settles at 7: it is admitted while that fits what is left of 40, and no longer.
+    answers = [ask_as(gw, MONTHLY) for _ in range(8)]
+    statuses = [a.status_code for a in answers]
+    admitted = statuses.index(429)
+    assert admitted >= 2 and set(statuses[admitted:]) == {429}, statuses
+    refused = answers[admitted]
+    left = 40 - 7 * admitted
     today = dt.datetime.now(dt.UTC).date()
     first = (today.replace(day=1) + dt.timedelta(days=32)).replace(day=1).isoformat() + "T00:00:00Z"
     assert refused.status_code == 429, refused.text
     error = refused.json()["error"]
     assert error["code"] == "budget_exceeded", error
-    assert "10 tokens a month" in error["message"] and first in error["message"], error["message"]
+    message = error["message"]
+    assert f"{left} tokens left" in message and "40 tokens a month" in message and first in message, message
+    assert "this request could take" in message, message
     assert refused.headers["x-llmgw-budget-reset"] == first
-    assert refused.headers["x-llmgw-budget-remaining-tokens"] == "0"
+    assert refused.headers["x-llmgw-budget-remaining-tokens"] == str(left)
     assert int(refused.headers["Retry-After"]) > 0
+    assert spend(gw, "monthly")["used"] == 7 * admitted <= 40, "the refused requests hold nothing"
 
 
 def burst(gateways: list[Gateway], key: str, requests: int) -> list[int]:
@@ -106,6 +126,26 @@ def test_a_concurrent_burst_is_held_to_the_budget(gw: Gateway) -> None:
     # Each admission holds its prompt's estimate and max_tokens until the answer settles: the
     # burst stops at the budget, not 16 answers (112 tokens) past it.
     assert used == 7 * admitted and used <= 60, f"{admitted} answers used {used} of a budget of 60"
+
+
+def test_a_burst_to_a_model_that_bounds_no_answer_holds_its_context_each(gw: Gateway, tmp_path: Path) -> None:
+    """Nothing bounds these answers (no max_output, no max_tokens): each may run to the end of
+    the context, 1,000 tokens, so each holds that much of the 3,000-token budget. Holding only
+    the prompt let all sixteen in, and they spent 16,048 tokens."""
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        answer = ask_as(gw, UNBOUNDED, model="open", fake_delay_first=0.5)
+        with lock:
+            statuses.append(answer.status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 1 <= statuses.count(200) <= 3 and statuses.count(429) == 16 - statuses.count(200), statuses
 
 
 def test_crossing_warn_at_logs_one_warning_and_metrics_show_the_fraction(gw: Gateway) -> None:
@@ -139,9 +179,7 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         yield server
 
 
-def test_two_instances_share_the_spend_on_redis(
-    tmp_path: Path, engine_a: Engine, redis: RedisServer
-) -> None:
+def test_two_instances_share_the_spend_on_redis(tmp_path: Path, engine_a: Engine, redis: RedisServer) -> None:
     env = {
         "LLMGW_KEYS_FILE": str(keys_file(tmp_path / "keys.yaml")),
         "LLMGW_ADMIN_TOKEN": ADMIN,

@@ -45,12 +45,20 @@ def test_the_spend_counts_down_and_refuses_with_the_reset(tmp_path: Path) -> Non
     clock = Clock("2026-03-31T22:00:00+00:00")
     limiter, tenant = LocalLimiter(tmp_path, clock=clock), Tenant("team", budget=Budget(100, "month"))
     remaining = []
-    for _ in range(3):
+    for _ in range(2):
         window = limiter.admit(tenant, 30)
         assert window is not None and window.spend is not None
         remaining.append(window.headers()["x-llmgw-budget-remaining-tokens"])
         limiter.count(tenant, 20, 20, window.reservation, window.spend)
-    assert remaining == ["100", "60", "20"], "each answer's 40 tokens, not the 30 reserved, count"
+    assert remaining == ["100", "60"], "each answer's 40 tokens, not the 30 reserved, count"
+    # 20 left: a request that may take 30 does not fit, and is told what would.
+    with pytest.raises(ApiError) as short:
+        limiter.admit(tenant, 30, prompt=5)
+    assert (short.value.status, short.value.code) == (429, "budget_exceeded")
+    assert "20 tokens left" in short.value.message and "max_tokens of at most 15" in short.value.message
+    window = limiter.admit(tenant, 20)
+    assert window is not None and window.spend is not None
+    limiter.count(tenant, 10, 10, window.reservation, window.spend)
     with pytest.raises(ApiError) as refused:
         limiter.admit(tenant, 30)
     error = refused.value
@@ -63,6 +71,23 @@ def test_the_spend_counts_down_and_refuses_with_the_reset(tmp_path: Path) -> Non
     window = limiter.admit(tenant, 30)
     assert window is not None and window.headers()["x-llmgw-budget-remaining-tokens"] == "100"
     assert window.headers()["x-llmgw-budget-reset"] == "2026-05-01T00:00:00Z"
+
+
+def test_a_request_is_admitted_only_when_its_reservation_fits_what_is_left(tmp_path: Path) -> None:
+    """A 1,000-token budget and answers of up to 300: three fit, the fourth would overrun it
+    and is refused, where before it was let in while anything was left and 1,200 were spent."""
+    limiter, tenant = LocalLimiter(tmp_path), Tenant("team", budget=Budget(1000, "day"))
+    answered = 0
+    for _ in range(5):
+        try:
+            window = limiter.admit(tenant, 300)
+        except ApiError:
+            continue
+        assert window is not None
+        limiter.count(tenant, 0, 300, window.reservation, window.spend)
+        answered += 1
+    spend = limiter.spent(tenant)
+    assert answered == 3 and spend is not None and spend.used == 900, (answered, spend)
 
 
 def test_reservations_hold_the_budget_until_they_settle(tmp_path: Path) -> None:

@@ -243,3 +243,21 @@ def test_the_gateway_refuses_an_alias_bomb_in_keys_yaml_in_lints_words(tmp_path:
     with pytest.raises(UsageError) as refused:
         read_keys_file(path)
     assert "anchors and aliases" in str(refused.value) and "(LLMGW_KEYS_FILE)" in str(refused.value)
+
+
+def test_a_key_with_a_budget_reaching_a_model_without_max_output_is_warned(tmp_path: Path) -> None:
+    found = lint_of(
+        tmp_path,
+        f"keys:\n  - name: team\n    sha256: {A}\n    budget: {{tokens: 3000, every: day}}\n"
+        f"  - name: free\n    sha256: {B}\n",
+    )
+    (warning,) = [f for f in found if "keys-unbounded" in f]
+    assert warning.startswith("4:13 warning") and "'team' has a budget" in warning, found
+    assert "set no max_output" in warning
+
+
+def test_a_key_whose_models_all_bound_their_answers_is_not_warned(tmp_path: Path) -> None:
+    catalog, fleet = write_catalog(tmp_path, {"m.yaml": model_yaml(extra="max_output: 512\n")})
+    (tmp_path / "keys.yaml").write_text(f"keys:\n  - name: team\n    sha256: {A}\n    tpm: 1000\n")
+    found = lint_keys(tmp_path / "keys.yaml", lint(catalog, fleet).entries)
+    assert [f for f in found if f.rule == "keys-unbounded"] == []

@@ -18,7 +18,7 @@ enforces the full limit: N instances let a key through at up to N times it.
 
 A key's budget (tokens per calendar day, week or month) is held the same way: the same
 admission reserves the request's tokens against the period's spend, and the answer settles
-them. One request may take a key past its budget by at most its own size, as with tpm. The
+them. A request is admitted only when what it holds fits what is left of the budget. The
 spend must outlive the gateway, so it is kept in a second file, in the state directory
 (`state_directory`), never the metrics folder `llmgw serve` deletes at exit; so are each
 key's usage totals. A worker killed mid-answer leaves its reservation counted: on the safe
@@ -70,6 +70,7 @@ class Spend:
     reset: dt.datetime  # the next period's first instant
     held: int = 0
     shared: bool = False  # held on Redis (limits_redis.py), not in the state file
+    prompt: int = 0  # of what the request holds, its prompt's estimate (the rest: its answer)
 
     def headers(self) -> dict[str, str]:
         return {
@@ -77,9 +78,11 @@ class Spend:
             "x-llmgw-budget-reset": rfc3339(self.reset),
         }
 
-    @property
-    def over(self) -> bool:
-        return self.used >= self.budget.tokens
+    def refuses(self, reserve: int) -> bool:
+        """Whether a request holding `reserve` tokens does not fit what is left. Admitting one
+        while anything was left let the last request overrun the budget by its own size: a
+        1,000-token budget and 300-token answers gave four answers and 1,200 spent."""
+        return self.used >= self.budget.tokens or self.used + max(0, reserve) > self.budget.tokens
 
 
 def read_spend(state: Path, name: str, budget: Budget, now: float) -> Spend:
@@ -148,8 +151,9 @@ class Limits(Protocol):
     `LocalLimiter` (this instance's workers, SQLite) or `SharedLimiter` (every instance, on
     Redis, limits_redis.py). The gateway holds one of them as this."""
 
-    def admit(self, tenant: Tenant, reserve: int = 0) -> Window | None:
-        """The key's window with this request counted and `reserve` tokens held; ApiError 429
+    def admit(self, tenant: Tenant, reserve: int = 0, prompt: int = 0) -> Window | None:
+        """The key's window with this request counted and `reserve` tokens held (`prompt` of
+        them its prompt's); ApiError 429
         when it is over a limit or its budget; None for a key without limits."""
         ...
 
@@ -218,10 +222,11 @@ class LocalLimiter:
             "prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL)"
         )
 
-    def admit(self, tenant: Tenant, reserve: int = 0) -> Window | None:
+    def admit(self, tenant: Tenant, reserve: int = 0, prompt: int = 0) -> Window | None:
         """The key's window with this request counted, and `reserve` tokens held for it
-        until `settle`; ApiError 429 when it is over a limit or its budget. None for a key
-        without limits, which costs nothing here."""
+        until `settle` (`prompt` of them its prompt's, for the 429's advice); ApiError 429
+        when it is over a limit or its budget. None for a key without limits, which costs
+        nothing here."""
         if tenant.rpm is None and tenant.tpm is None and tenant.budget is None:
             return None
         now = time.time()
@@ -245,7 +250,11 @@ class LocalLimiter:
                 (first_request + WINDOW - now) if first_request else WINDOW,
                 (first_tokens + WINDOW - now) if first_tokens else 0.0,
             )
-            over = self._over(tenant, window) or ("budget" if spend is not None and spend.over else None)
+            if spend is not None:
+                spend = replace(spend, held=max(0, reserve), prompt=prompt)
+            over = self._over(tenant, window) or (
+                "budget" if spend is not None and spend.refuses(reserve) else None
+            )
             if over is None:
                 held = max(0, reserve) if tenant.tpm is not None else 0
                 if tenant.rpm is not None or tenant.tpm is not None:
@@ -253,7 +262,6 @@ class LocalLimiter:
                     if held:
                         window = replace(window, reservation=row.lastrowid)
                 if spend is not None:
-                    spend = replace(spend, held=max(0, reserve))
                     self._add_spend(tenant.name, spend.period, spend.held)
             db.execute("COMMIT")
         except BaseException:
@@ -420,6 +428,26 @@ def refuse_or_admit(tenant: Tenant, window: Window, over: str | None) -> Window:
 def _over_budget(tenant: Tenant, spend: Spend) -> ApiError:
     reset = rfc3339(spend.reset)
     wait = max(1, math.ceil((spend.reset - dt.datetime.now(dt.UTC)).total_seconds()))
+    left = spend.budget.tokens - spend.used
+    if left > 0:
+        # Some is left, but not the most this request may take: say what would fit, so the
+        # client can ask for a shorter answer now rather than wait for the next period.
+        fits = left - spend.prompt
+        advice = (
+            f"send max_tokens of at most {fits} to fit, or wait until {reset}"
+            if fits > 0
+            else f"its prompt alone is about {spend.prompt}; wait until {reset}, or ask the gateway's "
+            "operator to raise the key's budget in keys.yaml"
+        )
+        return ApiError(
+            429,
+            f"Key '{tenant.name}' has {left} tokens left of its budget of {spend.budget.describe()}, "
+            f"and this request could take {spend.held} (its prompt and the longest answer it "
+            f"allows); {advice}.",
+            type="insufficient_quota",
+            code="budget_exceeded",
+            headers={"Retry-After": str(wait), **spend.headers()},
+        )
     return ApiError(
         429,
         f"Key '{tenant.name}' has used its budget of {spend.budget.describe()} "

@@ -91,7 +91,7 @@ elseif tpm >= 0 and tokens >= tpm then over = 'tokens' end
 local budget, spent = tonumber(ARGV[6]), 0
 if budget >= 0 then
   spent = tonumber(redis.call('HGET', KEYS[6], 'tokens') or '0')
-  if over == '' and spent >= budget then over = 'budget' end
+  if over == '' and (spent >= budget or spent + tonumber(ARGV[7]) > budget) then over = 'budget' end
 end
 local reservation = 0
 if over == '' then
@@ -312,7 +312,7 @@ class SharedLimiter(LocalLimiter):
             self._shared(self._read_check)
         return LimitsStatus("redis", self.down is None, self.down)
 
-    def admit(self, tenant: Tenant, reserve: int = 0) -> Window | None:
+    def admit(self, tenant: Tenant, reserve: int = 0, prompt: int = 0) -> Window | None:
         """As the parent's, with `reserve` tokens held for the request until `charge` settles
         them; its reservation number is negative, so a settlement tells it from a row of the
         local file (counted there while Redis was away)."""
@@ -320,7 +320,11 @@ class SharedLimiter(LocalLimiter):
             return None
         held = max(0, reserve) if tenant.tpm is not None else 0
         budget = tenant.budget
-        spend = None if budget is None else replace(self._period(tenant.name, budget), held=max(0, reserve))
+        spend = (
+            None
+            if budget is None
+            else replace(self._period(tenant.name, budget), held=max(0, reserve), prompt=prompt)
+        )
         args: list[str | int | float] = [_limit(tenant.rpm), _limit(tenant.tpm), WINDOW]
         args += [os.urandom(6).hex(), held]
         args += [budget.tokens, max(0, reserve), _gone_at(spend)] if budget and spend else [-1, 0, 0]
@@ -332,7 +336,7 @@ class SharedLimiter(LocalLimiter):
             )
         )
         if answer is None:
-            return super().admit(tenant, reserve)
+            return super().admit(tenant, reserve, prompt)
         window, over = answer
         return refuse_or_admit(tenant, window, over or None)
 
@@ -410,6 +414,7 @@ class SharedLimiter(LocalLimiter):
     def totals(self, name: str) -> dict[str, int] | None:
         """A key's usage summed over every instance; None while Redis is away (the caller
         shows this instance's own metrics then)."""
+
         def read() -> dict[str, int]:
             return {str(f): int(v) for f, v in sorted(self.redis.hgetall(_keys(name)[5]).items())}
 

@@ -186,9 +186,15 @@ class Proxy:
         asked = request
         request, most = output_limit(model, self.kind, request)
         counting = self.api.counts_only
+        if most is None and self.api.generates:
+            # Nothing bounds the answer (no max_output, no max_tokens, or n_predict -1): it may
+            # run to the end of the context, so that is what it holds. Holding only its prompt
+            # let 16 such requests at once spend 16,048 tokens of a 3,000-token budget.
+            most = max(1, model.context_length - ctx.prompt_estimate)
+        reserve = 0 if counting else ctx.prompt_estimate + (most or 0)
         window = (
             # A counting request counts toward rpm and reserves no tokens (see Api.counts_only).
-            self.limiter.admit(tenant, 0 if counting else ctx.prompt_estimate + (most or 0))
+            self.limiter.admit(tenant, reserve, ctx.prompt_estimate)
             if tenant is not None and self.limiter
             else None
         )

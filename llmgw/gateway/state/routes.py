@@ -281,6 +281,9 @@ class Model:
     # Profiles grouped by priority, lowest priority number first (as with DNS SRV).
     tiers: tuple[tuple[Profile, ...], ...]
     listing: Mapping[str, Any]
+    # The longest an answer can run when nothing else bounds it: what such a request holds of
+    # its key's tpm and budget until it ends.
+    context_length: int = 0
 
     def candidates(
         self, prompt_key: Callable[[], int | None] | None = None
@@ -432,6 +435,7 @@ class RouteTable:
             max_output=planned.max_output,
             tiers=tuple(tuple(t) for t in tiers.values()),
             listing=listing,
+            context_length=planned.context_length,
         )
 
     def _agent(self, profile: PlanProfile, node: str | None) -> str | None:
