@@ -17,6 +17,7 @@
                             NoRoom 409, EngineNotReady 503
         QueueFull           the key already has as many requests waiting as it may (schedule.store)
         AgentSilent         an on-demand replica's agent does not answer (request.lease)
+        EngineFailed        an on-demand replica's engine failed to start (request.lease)
         AnswerCut           an engine's JSON answer ended early (request.relay)
         LookupFailed        a DNS name that lists replicas could not be looked up (state.discovery)
 

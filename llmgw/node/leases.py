@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from collections.abc import Coroutine
@@ -158,6 +159,13 @@ class OnDemand:
 
     async def acquire(self, endpoint: str, wait_s: float) -> Granted:
         runner = self.runner_for(endpoint)
+        if not runner.active and runner.backing_off():
+            raise EngineNotReady(
+                f"{runner.message} It is started again in {math.ceil(runner.backing_off())} s at the "
+                "earliest; its fallbacks, if any, answer meanwhile.",
+                state="failed",
+                retry_in=math.ceil(runner.backing_off()),
+            )
         runner.waiters += 1
         started = left = False
         try:
@@ -173,7 +181,7 @@ class OnDemand:
             if not await runner.wait_ready(wait_s):
                 raise EngineNotReady(
                     runner.message or f"{runner.want.model.name} was not ready within {wait_s:g} s.",
-                    state=runner.state,
+                    state="failed" if runner.backing_off() else runner.state,
                 )
             return Granted(self._lease(runner), started)
         except asyncio.CancelledError:  # the caller's connection closed (see status.py)

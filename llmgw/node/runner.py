@@ -136,6 +136,11 @@ class Runner:
         self.last_used: float | None = None  # wall clock: the end of its last lease
         self.evictions = 0
         self.idle_stops = 0
+        # On demand: a start that failed is not tried again before this (monotonic), and each
+        # failure in a row doubles the wait. An engine that exited at once was once started
+        # again every 35 ms for two minutes (3,120 starts) while its request waited it out.
+        self.retry_at = 0.0
+        self.failures = 0  # failed starts in a row
         self._changed = asyncio.Event()
 
     @property
@@ -160,6 +165,10 @@ class Runner:
         self.task = asyncio.get_running_loop().create_task(
             self._run(adopted), name=f"replica {self.want.key}"
         )
+
+    def backing_off(self) -> float:
+        """Seconds until a failed on-demand engine may be started again; 0 when it may now."""
+        return max(0.0, self.retry_at - time.monotonic())
 
     def wake(self) -> None:
         """Start an on-demand engine for a request; the state is no longer `idle` on return,
@@ -191,6 +200,8 @@ class Runner:
                 state,
                 f": {message}" if message else "",
             )
+        if state == "ready":
+            self.failures = 0
         if state == "ready" and self.state != "ready" and self._launched_at is not None:
             self.load_s = round(time.monotonic() - self._launched_at, 3)
             self._launched_at = None
@@ -206,6 +217,11 @@ class Runner:
         while True:
             ready_for = await self._attempt(adopted)
             adopted = None
+            if self.on_demand and ready_for == 0.0:
+                # A failed start: whoever waits for it is told at once (and goes to a fallback
+                # or another node), and the next request's start waits out the backoff.
+                self._failed_start()
+                return
             if self.on_demand and not self.wanted:
                 # Retrying an engine nobody asks for would hold its memory for nothing; the
                 # next acquire starts it again, and the message says what went wrong.
@@ -219,6 +235,15 @@ class Runner:
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
             self.restarts += 1
+
+    def _failed_start(self) -> None:
+        self.process = None
+        delay = min(BACKOFF_FIRST_S * 2**self.failures, BACKOFF_MAX_S)
+        self.failures += 1
+        self.retry_at = time.monotonic() + delay
+        # Idle, as an on-demand engine nobody runs is, with why; `backing_off` tells its next
+        # caller, at once, that it failed and when it is tried again.
+        self._set("idle", self.message or "its engine did not start")
 
     async def _attempt(self, adopted: Record | None) -> float:
         """One life of the engine; returns how long it was ready."""

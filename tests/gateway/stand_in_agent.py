@@ -29,8 +29,12 @@ class _Server(ThreadingHTTPServer):
 
 
 class StandInAgent:
-    def __init__(self, token: str, load_s: float = 0.5, never_ready: bool = False) -> None:
+    def __init__(
+        self, token: str, load_s: float = 0.5, never_ready: bool = False, fails_to_start: str | None = None
+    ) -> None:
         self.token = token
+        # The agent's answer for an engine that died as it started: 503, state failed.
+        self.fails_to_start = fails_to_start
         self.load_s = load_s
         self.never_ready = never_ready
         self.leases: set[str] = set()
@@ -97,6 +101,9 @@ class StandInAgent:
                     return
                 with agent.lock:
                     agent.acquires += 1
+                if agent.fails_to_start is not None:
+                    self._answer(503, {"state": "failed", "message": agent.fails_to_start})
+                    return
                 if agent.never_ready:
                     deadline = time.monotonic() + float(body["wait_s"])
                     while time.monotonic() < deadline:

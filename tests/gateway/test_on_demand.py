@@ -23,13 +23,30 @@ TOKEN = "agent-token-for-tests"
 
 def on_demand_plan(agent: StandInAgent, port: int):  # type: ignore[no-untyped-def]
     node = PlanNode(
-        name="box", address="127.0.0.1", memory_gb=16, gpus=0, gpu_memory_gb=0, labels={},
-        ports=PortRange(first=port, last=port), used=NodeUse(memory_gb=0, gpus=0, replicas=0),
-        on_demand=OnDemandUse(replicas=1, memory_gb=1, largest_gb=1), agent=agent.url,
+        name="box",
+        address="127.0.0.1",
+        memory_gb=16,
+        gpus=0,
+        gpu_memory_gb=0,
+        labels={},
+        ports=PortRange(first=port, last=port),
+        used=NodeUse(memory_gb=0, gpus=0, replicas=0),
+        on_demand=OnDemandUse(replicas=1, memory_gb=1, largest_gb=1),
+        agent=agent.url,
     )
     profile = PlanProfile(
-        name="cpu", engine="llamacpp", priority=100, weight=1, ctx_size=2048, args=(), gpus=0,
-        node_selector={}, served_name="lazy", external=False, start="on-demand", idle_stop_s=600,
+        name="cpu",
+        engine="llamacpp",
+        priority=100,
+        weight=1,
+        ctx_size=2048,
+        args=(),
+        gpus=0,
+        node_selector={},
+        served_name="lazy",
+        external=False,
+        start="on-demand",
+        idle_stop_s=600,
         replicas=(PlanReplica(endpoint=f"http://127.0.0.1:{port}", node="box", port=port),),
     )
     return plan_of([model("lazy", [profile])], [node])
@@ -96,7 +113,8 @@ def test_a_client_that_leaves_while_held_leaves_nothing_behind(tmp_path: Path) -
             with socket.create_connection((host, int(port))) as client:
                 client.sendall(
                     b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(body)}\r\n\r\n".encode() + body
+                    + f"content-length: {len(body)}\r\n\r\n".encode()
+                    + body
                 )
                 # The first acquire asks without waiting, and is answered at once: a client that
                 # left during it left no waiter for the agent to see (a failure on a loaded CI).
@@ -173,3 +191,37 @@ def test_requests_to_a_running_on_demand_engine_are_not_held(tmp_path: Path, age
         failed = [a.text for a in answers if a.status_code != 200]
         assert not failed, failed[:2]
         assert agent.starts == 1
+
+
+BROKEN = "the engine exited at once (exit code 1); its log ends: error: unknown argument --this-flag"
+
+
+@pytest.mark.parametrize("with_fallback", [True, False], ids=["fallback", "alone"])
+def test_an_engine_that_fails_to_start_sends_its_request_on_at_once(
+    tmp_path: Path, engine_a, with_fallback: bool
+) -> None:
+    """Its fallback answers (or a 503 names the engine's last words) in seconds, not after the
+    whole load timeout: a broken on-demand engine once kept its request 120 s."""
+    from harness import profile
+
+    agent = StandInAgent(TOKEN, fails_to_start=BROKEN)
+    try:
+        planned = on_demand_plan(agent, free_port())
+        if with_fallback:
+            lazy = planned.models[0].model_copy(update={"fallbacks": ("backup",)})
+            backup = model("backup", [profile([engine_a.url], "backup")])
+            planned = plan_of([lazy, backup], planned.nodes)
+        path = tmp_path / "plan.json"
+        write_plan(path, planned)
+        with gateway(path, LLMGW_AGENT_TOKEN=TOKEN, LLMGW_LOAD_TIMEOUT="60") as gw:
+            answer = chat(gw.url, timeout=30)
+            assert answer.elapsed.total_seconds() < 10, "the request waited for an engine that had died"
+            if with_fallback:
+                assert answer.status_code == 200 and answer.headers["x-llmgw-fallback"] == "backup", (
+                    answer.text
+                )
+            else:
+                assert answer.status_code in (502, 503), answer.text
+                assert "unknown argument --this-flag" in answer.json()["error"]["message"]
+    finally:
+        agent.close()

@@ -358,3 +358,25 @@ def test_a_gpu_start_stops_the_engines_on_its_gpus_and_never_a_leased_one() -> N
     leased = _engine("on0", 0, 5.0, busy="1 request(s) in flight", gpus=(0,))
     with pytest.raises(NoRoom, match="on0/cpu"):
         engines_to_stop(_engine("x", 0, 9, gpus=(0,)), capacity_gb=1, running=[leased], free_gb=1)
+
+
+def test_an_on_demand_engine_that_exits_at_once_is_a_failed_start_retried_only_after_a_backoff(
+    fleet: Fleet, bin_dir: Path, agents: list[Agent]
+) -> None:
+    """A broken engine once restarted every 35 ms while its request waited out the whole load
+    timeout: the caller is told at once that it failed, and asking again within the backoff
+    starts nothing."""
+    where = plan_three(fleet)
+    agent = run(agents, fleet, bin_dir, STAND_IN_EXIT="1")
+    started = time.monotonic()
+    failed = acquire(agent, where["a"], wait_s=30)
+    assert time.monotonic() - started < 10, "the caller waited out its wait for an engine that had died"
+    assert failed.status_code == 503 and failed.json()["state"] == "failed", failed.text
+    assert "exited at once" in failed.json()["message"]
+    again = [acquire(agent, where["a"], wait_s=30) for _ in range(5)]
+    assert all(a.status_code == 503 and a.json()["state"] == "failed" for a in again), [a.text for a in again]
+    assert "started again in" in again[-1].json()["message"]
+    assert len(pids_of(agent, where["a"])) == 1, "asking again within the backoff started the engine again"
+    time.sleep(1.5)  # past the first backoff (1 s): the next caller may start it once more
+    acquire(agent, where["a"], wait_s=30)
+    assert len(pids_of(agent, where["a"])) == 2

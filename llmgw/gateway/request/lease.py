@@ -49,6 +49,11 @@ class AgentSilent(ServiceError):
     """The replica's agent does not answer: another node's replica may be asked instead."""
 
 
+class EngineFailed(ServiceError):
+    """The replica's engine failed to start, and its agent waits out a backoff before trying
+    again: another replica, or the model's fallback, is asked instead of waiting for it."""
+
+
 class Leases:
     """This worker's leases of on-demand engines from their agents."""
 
@@ -143,6 +148,8 @@ class Leases:
         if answer.status_code == 200 and isinstance(body.get("lease"), str):
             return str(body["lease"]), "", False
         said = str(body.get("message") or body.get("state") or f"HTTP {answer.status_code}")
+        if answer.status_code == 503 and body.get("state") == "failed":
+            raise EngineFailed(said)
         if answer.status_code in (503, 409):
             return None, said, answer.status_code == 409
         if answer.status_code in (401, 403):

@@ -57,7 +57,7 @@ from llmgw.gateway.request.body import (
 )
 from llmgw.gateway.request.context import RequestContext, context_of
 from llmgw.gateway.request.disconnect import CLIENT_GONE, Disconnect
-from llmgw.gateway.request.lease import AgentSilent, Leases
+from llmgw.gateway.request.lease import AgentSilent, EngineFailed, Leases
 from llmgw.gateway.request.limits import Limits, Window
 from llmgw.gateway.request.prefix import prefix_key
 from llmgw.gateway.request.refusals import AgentDidNotAnswer, NotReady, budget_spent, none_answered
@@ -477,6 +477,8 @@ class Proxy:
             return f"{replica.endpoint} could not be reached ({type(exc).__name__})"
         except AgentSilent as exc:
             return AgentDidNotAnswer(str(exc))
+        except EngineFailed as exc:
+            return f"{replica.endpoint}'s engine failed to start: {exc}"
         except (TimeoutError, httpx.TimeoutException):
             metrics.UPSTREAM_ERRORS.labels(replica.endpoint, "timeout").inc()
             if not replica.healthy:
