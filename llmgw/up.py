@@ -36,7 +36,6 @@ from llmgw.errors import LlmgwError, PlanError, UsageError
 from llmgw.gitops.inventory import entry_yaml, take_inventory
 from llmgw.gitops.report import REPORTERS
 from llmgw.lifetime import die_with_parent
-from llmgw.model import DEFAULT_AGENT_PORT
 from llmgw.node.host import port_is_free
 from llmgw.plan import Plan, dump_plan, read_plan
 
@@ -244,8 +243,9 @@ def _this_machine(agent_port: int, memory_gb: float | None = None) -> dict[str, 
                 f"give a figure above 0 and at most {has:g}."
             )
         entry["memory_gb"] = memory_gb
-    if agent_port != DEFAULT_AGENT_PORT:  # where the gateway asks for on-demand engines
-        entry["agent_port"] = agent_port
+    # Always written: the plan then names the agent, where the gateway asks for on-demand
+    # starts and for each engine's credential (engines answer only with it).
+    entry["agent_port"] = agent_port
     return entry
 
 

@@ -189,7 +189,10 @@ def _node(node: Node, free_gb: float, free_gpus: int, replicas: int, on_demand: 
         )
         if on_demand
         else None,
-        agent=node.agent if on_demand else None,
+        # Where its agent listens, for a node with on-demand replicas (the gateway asks it for
+        # starts) or whose fleet entry names agent_port (the gateway asks it for its engines'
+        # credentials); absent otherwise, so plans without either read as they did.
+        agent=node.agent if on_demand or "agent_port" in node.model_fields_set else None,
     )
 
 

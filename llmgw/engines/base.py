@@ -30,6 +30,10 @@ OWNED_PORT = (
 )
 OWNED_NAME = "clients reach the model by the model file's `name` and `aliases`; add the name there"
 OWNED_MODEL = "the engine loads the model file's `source`; point source at these weights instead"
+OWNED_KEY = (
+    "the node agent gives each engine a credential of its own, which only the gateway learns, "
+    "so no one else on the network can use the engine; remove it"
+)
 
 
 # A decimal gigabyte, the unit of every memory figure in the plan and the inventory: a node's
@@ -91,6 +95,11 @@ class Engine(ABC):
         exe: str,
     ) -> EngineCommand:
         """The command line for one replica, before the profile's own args."""
+
+    @abstractmethod
+    def with_credential(self, command: EngineCommand, key_file: str, key: str) -> EngineCommand:
+        """The command with the engine's own credential, so it answers only the gateway: read
+        from a file or the environment, never the command line, which `ps` shows anyone."""
 
     @abstractmethod
     def slots(self, args: tuple[str, ...]) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from llmgw.engines.base import (
     GB,
     OWNED_ADDRESS,
+    OWNED_KEY,
     OWNED_MODEL,
     OWNED_NAME,
     OWNED_PORT,
@@ -118,12 +119,13 @@ class LlamaCpp(Engine):
         "-hff": OWNED_MODEL,
         "--ctx-size": _CONTEXT,
         "-c": _CONTEXT,
+        "--api-key": OWNED_KEY,
+        "--api-key-file": OWNED_KEY,
     }
     risky_flags = {
         "--log-file": "writes a file wherever it names on the node",
         "--path": "serves the files of a folder on the node over HTTP",
         "--slot-save-path": "writes the prompts' cache to files on the node",
-        "--api-key-file": "reads a file on the node",
         "--rpc": "sends the weights to the servers it names",
     }
 
@@ -147,6 +149,10 @@ class LlamaCpp(Engine):
         if model.task == "rerank" and not given & {"--reranking", "--rerank"}:
             argv.append("--reranking")
         return EngineCommand(tuple(argv))
+
+    def with_credential(self, command: EngineCommand, key_file: str, key: str) -> EngineCommand:
+        # llama-server leaves /health open and asks the key of every /v1 call.
+        return EngineCommand((*command.argv, "--api-key-file", key_file), command.env)
 
     def slots(self, args: tuple[str, ...]) -> int:
         return count_in(args, *PARALLEL) or AUTO_SLOTS

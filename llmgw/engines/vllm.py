@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from llmgw.engines.base import (
     OWNED_ADDRESS,
+    OWNED_KEY,
     OWNED_MODEL,
     OWNED_NAME,
     OWNED_PORT,
@@ -46,6 +47,7 @@ class Vllm(Engine):
         "--model": OWNED_MODEL,
         "--max-model-len": _CONTEXT,
         "--config": _CONFIG,
+        "--api-key": OWNED_KEY,
     }
     risky_flags = {
         "--trust-remote-code": "runs Python code from the model's repository on the node",
@@ -75,6 +77,10 @@ class Vllm(Engine):
         )
         # Set even when empty: an engine given no GPUs must not grab every card on the node.
         return EngineCommand(argv, {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in replica.gpu_ids)})
+
+    def with_credential(self, command: EngineCommand, key_file: str, key: str) -> EngineCommand:
+        # vLLM takes no key file: its environment, which only the agent's user can read.
+        return EngineCommand(command.argv, {**command.env, "VLLM_API_KEY": key})
 
     def slots(self, args: tuple[str, ...]) -> int:
         return count_in(args, "--max-num-seqs", "--max_num_seqs") or DEFAULT_SLOTS

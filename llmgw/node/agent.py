@@ -112,6 +112,11 @@ class Agent:
         await asyncio.gather(*(runner.stop() for runner in runners))
         await self.client.aclose()
 
+    def credentials(self) -> dict[str, str]:
+        """Each running engine's key by its endpoint: for the gateway, which asks with the
+        agent's token (node/status.py), never for anyone else."""
+        return {r.want.replica.endpoint: r.credential for r in self.runners.values() if r.credential}
+
     def status(self) -> dict[str, Any]:
         return {
             "node": self.settings.node,

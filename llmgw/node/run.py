@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -73,13 +74,15 @@ def run_node(settings: RunnerSettings, source: PlanSource, status_bind: str) -> 
 
 
 async def _main(settings: RunnerSettings, source: PlanSource, plan: Plan, sock: socket.socket) -> None:
+    token = os.environ.get("LLMGW_AGENT_TOKEN") or None
+    # With a token to tell them with, engines get keys of their own (node/credentials.py).
+    settings = dataclasses.replace(settings, engine_keys=token is not None)
     agent = Agent(settings)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     await agent.apply(plan, adopt=load_records(settings.state_dir))
-    token = os.environ.get("LLMGW_AGENT_TOKEN") or None
     _warn_without_token(plan, settings.node, token)
     demand = OnDemand(agent)
     tending = loop.create_task(demand.tend())

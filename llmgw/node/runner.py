@@ -17,6 +17,7 @@ import httpx
 
 from llmgw.engines import engine, engine_command, executable_for, replica_fingerprint
 from llmgw.errors import LlmgwError
+from llmgw.node.credentials import credential_for
 from llmgw.node.host import available_gb, port_is_free
 from llmgw.node.process import (
     EngineProcess,
@@ -85,6 +86,9 @@ class RunnerSettings:
     health_interval_s: float = 0.5
     lease_ttl_s: float = 900.0  # a lease its gateway never released lapses after this
     tick_s: float = 1.0  # how often leases and idle times are looked at
+    # Each engine gets a credential of its own (node/credentials.py) that the gateway learns
+    # with the agent's token: on whenever the agent has a token to tell it with.
+    engine_keys: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ class Runner:
         # On demand: a start that failed is not tried again before this (monotonic), and each
         # failure in a row doubles the wait. An engine that exited at once was once started
         # again every 35 ms for two minutes (3,120 starts) while its request waited it out.
+        self.credential: str | None = None  # the engine's own key, when it was given one
         self.retry_at = 0.0
         self.failures = 0  # failed starts in a row
         self._changed = asyncio.Event()
@@ -250,6 +255,9 @@ class Runner:
         want = self.want
         if adopted is not None:
             self.process = EngineProcess(adopted.pid, adopted.start_time)
+            # Started with the key its file holds, if the agent that started it kept one.
+            if self.settings.engine_keys:
+                self.credential = credential_for(self.settings.state_dir, want.key)[1]
             log.info("%s adopted the running engine (pid %d)", want.key, adopted.pid)
         else:
             process = await self._launch()
@@ -277,6 +285,10 @@ class Runner:
         command = engine_command(
             want.model, want.profile, want.replica, weights=weights, host=want.host, executable=executable
         )
+        self.credential = None
+        if self.settings.engine_keys:
+            key_file, self.credential = credential_for(self.settings.state_dir, want.key)
+            command = engine(want.profile.engine).with_credential(command, str(key_file), self.credential)
         if not port_is_free(want.host, want.port):
             self._set(
                 "failed",

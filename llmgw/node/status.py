@@ -95,9 +95,10 @@ class _AgentCollector(Collector):
 
 
 class _Status:
-    def __init__(self, agent: Agent, demand: OnDemand) -> None:
+    def __init__(self, agent: Agent, demand: OnDemand, token: str | None) -> None:
         self.agent = agent
         self.demand = demand
+        self.token = token
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         # ?after=N&wait=S: answer once the state has changed past count N (the `changes` of an
@@ -107,7 +108,11 @@ class _Status:
             wait = req.get_param_as_float("wait", min_value=0.0, max_value=STATUS_WAIT_MAX_S) or 0.0
             await self.agent.counters.wait_past(seen, wait)
         resp.content_type = falcon.MEDIA_JSON
-        resp.data = json.dumps({**self.agent.status(), "memory": self.demand.memory()}, indent=2).encode()
+        document = {**self.agent.status(), "memory": self.demand.memory()}
+        if self.token and _authorized(req, self.token):
+            # The engines' keys, to the gateway alone: it asks with the token.
+            document["credentials"] = self.agent.credentials()
+        resp.data = json.dumps(document, indent=2).encode()
 
 
 class _Denied(Refusal):
@@ -118,15 +123,19 @@ class _NoToken(Refusal):
     status = 403
 
 
+def _authorized(req: falcon.asgi.Request, token: str) -> bool:
+    given = (req.get_header("Authorization") or "").removeprefix("Bearer ").strip()
+    # Constant time, so the answer's timing does not tell how much of a guess was right.
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
 def _authorize(req: falcon.asgi.Request, token: str | None) -> None:
     if not token:
         raise _NoToken(
             "this agent takes no control calls: set LLMGW_AGENT_TOKEN in its environment (and the "
             "same token in the gateway's), then restart it."
         )
-    given = (req.get_header("Authorization") or "").removeprefix("Bearer ").strip()
-    # Constant time, so the answer's timing does not tell how much of a guess was right.
-    if not hmac.compare_digest(given.encode(), token.encode()):
+    if not _authorized(req, token):
         raise _Denied("send Authorization: Bearer with this agent's LLMGW_AGENT_TOKEN.")
 
 
@@ -267,7 +276,7 @@ class CancelOnDisconnect:
 def create_status_app(agent: Agent, demand: OnDemand | None = None, token: str | None = None) -> App:
     demand = demand or OnDemand(agent)
     app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response] = falcon.asgi.App()
-    app.add_route("/status", _Status(agent, demand))
+    app.add_route("/status", _Status(agent, demand, token))
     app.add_route("/metrics", _Metrics(agent))
     app.add_route("/acquire", _Acquire(demand, token))
     app.add_route("/release", _Release(demand, token))

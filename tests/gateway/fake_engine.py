@@ -92,6 +92,10 @@ class Engine:
         self.name = name
         self.health_status = health_status
         self.fail_status = fail_status
+        # As llama-server's --api-key: /v1 answers only a request that carries it (/health
+        # stays open). None: anyone who reaches the port.
+        self.api_key: str | None = None
+        self.refused = 0  # requests answered 401 for a missing or wrong key
         self.requests = 0
         self.disconnects = 0
         self.open = 0  # connections open now: what a test checks the gateway did not leak
@@ -156,6 +160,7 @@ class Engine:
             "answering": self.answering,
             "streamed_bytes": self.streamed_bytes,
             "models_seen": self.models_seen[-50:],
+            "refused": self.refused,
             "max_tokens_seen": self.max_tokens_seen[-50:],
             "traceparents": self.traceparents[-50:],
         }
@@ -212,10 +217,13 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.url = b""
         self.body = []
+        self.authorization = b""
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == b"traceparent":
             self.engine.traceparents.append(value.decode())
+        elif name.lower() == b"authorization":
+            self.authorization = value
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -225,6 +233,11 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         method = self.parser.get_method().decode()
+        key = self.engine.api_key
+        wrong = key is not None and self.authorization != b"Bearer " + key.encode()
+        if wrong and self.url.startswith(b"/v1/"):
+            self.engine.refused += 1
+            self.url = b"/fake/unauthorized"
         self.queue.append((method, self.url, b"".join(self.body)))
         if not self.busy:
             self._drain()
@@ -261,6 +274,9 @@ class _Connection(asyncio.Protocol):
                 if engine.health_status == 200
                 else b'{"error":{"message":"Loading model","code":503}}',
             )
+            return None
+        if path == b"/fake/unauthorized":
+            self._write(401, b'{"error":{"message":"Invalid API Key","type":"authentication_error"}}')
             return None
         if method == "GET" and path == b"/fake/stats":
             self._write(200, json.dumps(engine.stats()).encode())

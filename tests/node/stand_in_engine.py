@@ -58,15 +58,20 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--alias", "--served-model-name", dest="name", default="stand-in")
     parser.add_argument("--parallel", "-np", type=int, default=4)
+    parser.add_argument("--api-key-file")  # llama-server's; vLLM reads VLLM_API_KEY
     args, _ = parser.parse_known_args(argv)
+    key = Path(args.api_key_file).read_text().strip() if args.api_key_file else os.environ.get("VLLM_API_KEY")
     load_s = float(os.environ.get("STAND_IN_LOAD_S", "0"))
     service = os.environ.get("STAND_IN_SERVICE_S")
     slots = (args.parallel, float(service)) if service is not None else None
-    asyncio.run(_serve(args.host, args.port, args.name, load_s, slots))
+    asyncio.run(_serve(args.host, args.port, args.name, load_s, slots, key))
 
 
-async def _serve(host: str, port: int, name: str, load_s: float, slots: tuple[int, float] | None) -> None:
+async def _serve(
+    host: str, port: int, name: str, load_s: float, slots: tuple[int, float] | None, key: str | None
+) -> None:
     engine = Engine(name, 503 if load_s else 200, None, *(slots or (None, 0.0)))
+    engine.api_key = key
     server = await serve(host, port, engine)
     if load_s:
         await asyncio.sleep(load_s)

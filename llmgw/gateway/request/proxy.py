@@ -537,6 +537,17 @@ class Proxy:
         self.health.failed(faulted.replica, why)
         self.outliers.failed(model, faulted.replica, why)
 
+    def _headers_for(self, replica: Replica, outgoing: Outgoing) -> list[tuple[bytes, bytes]]:
+        """The request's headers with the engine's own credential: what the client sent as
+        its key never goes to an engine (the outgoing headers are the gateway's own)."""
+        key = self.leases.loaded.credential(replica.endpoint) if self.leases is not None else None
+        if key is None:
+            return outgoing.headers
+        return [*outgoing.headers, (b"authorization", b"Bearer " + key.encode())]
+
+    async def _learned_credential(self, replica: Replica) -> bool:
+        return self.leases is not None and await self.leases.loaded.learn_credentials(replica.endpoint)
+
     async def _attempt(
         self,
         outgoing: Outgoing,
@@ -571,9 +582,17 @@ class Proxy:
             # Cut short should health checks mark the replica down meanwhile (Health.waiting).
             async with asyncio.timeout(self.first_byte_timeout) as clock:
                 with self.health.waiting(replica, clock):
+                    url = replica.urls[outgoing.kind]
                     upstream = await self.upstream.post(
-                        replica.urls[outgoing.kind], outgoing.headers, outgoing.body, self.timeouts
+                        url, self._headers_for(replica, outgoing), outgoing.body, self.timeouts
                     )
+                    if upstream.status_code == 401 and await self._learned_credential(replica):
+                        # The engine was started (or restarted) with a key this worker had
+                        # not heard yet: asked once more with the one its agent tells now.
+                        await upstream.aclose()
+                        upstream = await self.upstream.post(
+                            url, self._headers_for(replica, outgoing), outgoing.body, self.timeouts
+                        )
                     chunks = upstream.aiter_raw()
                     if upstream.status_code in _REPLICA_TROUBLE:
                         return Answer(upstream, hold, chunks, b"")  # not read: it is retried

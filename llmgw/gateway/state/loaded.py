@@ -5,6 +5,10 @@ as an engine's state changes (it knows what this worker's leases cannot: an evic
 worker's or gateway's start); and this worker's own leases (request/lease.py), which say an
 engine was answering here lately. /v1/models and the dashboard say `loaded` from this.
 
+It also keeps each engine's credential (node/credentials.py): an agent tells it with its
+/status to a caller that sends the agent's token, and the gateway sends it on every request to
+the engine, so an engine answers the gateway alone.
+
 It also keeps which agents are silent: an agent that does not answer a call within
 LLMGW_AGENT_TIMEOUT is not asked for starts (request/lease.py passes its replicas over for
 another node's) until it answers a /status poll, or a call, again.
@@ -14,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 import httpx
 
 from llmgw.gateway.state.reload import PlanState
 from llmgw.plan import Plan
+from llmgw.status import agent_urls
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -40,6 +46,11 @@ class Loaded:
         # cannot, an eviction and another worker's (or gateway's) start. Used while fresh.
         self.heard: dict[str, tuple[float, frozenset[str]]] = {}
         self.hear_every = 2.0
+        # Each engine's key by its endpoint, as the agents told them; the agents to ask.
+        self.credentials: dict[str, str] = {}
+        self.agents: frozenset[str] = frozenset()
+        self.plan: Plan | None = None
+        self.token = os.environ.get("LLMGW_AGENT_TOKEN") or None
 
     def took(self, endpoint: str) -> None:
         """A lease on the engine at `endpoint` was granted to this worker."""
@@ -58,6 +69,7 @@ class Loaded:
         try:
             while True:
                 agents = {n.agent for n in state.table.plan.nodes if n.agent}
+                self.plan = state.table.plan
                 for agent in following.keys() - agents:  # a plan without it
                     following.pop(agent).cancel()
                     self.heard.pop(agent, None)
@@ -84,7 +96,8 @@ class Loaded:
         try:
             # The wait is the agent's; only time beyond it counts against the agent.
             timeout = httpx.Timeout(self.agent_timeout, read=self.agent_timeout + (wait if params else 0.0))
-            answer = await self.client.get(url, params=params, timeout=timeout)
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            answer = await self.client.get(url, params=params, timeout=timeout, headers=headers)
         except httpx.TransportError as exc:
             self.lost(agent, exc)
             return None
@@ -98,8 +111,27 @@ class Loaded:
         except (ValueError, KeyError, TypeError):
             return None  # unheard: its last answer goes stale, and this worker's own record decides
         self.heard[agent] = (time.monotonic(), ready)
+        keys = document.get("credentials")
+        if isinstance(keys, dict):
+            self.credentials.update({str(e): str(k) for e, k in keys.items() if isinstance(k, str)})
         changes = document.get("changes")
         return changes if isinstance(changes, int) and not isinstance(changes, bool) else None
+
+    def credential(self, endpoint: str) -> str | None:
+        return self.credentials.get(endpoint)
+
+    async def learn_credentials(self, endpoint: str) -> bool:
+        """Ask every agent once for its engines' keys, as an engine refused the one this
+        worker had (or it had none yet: a new plan, or an engine started since); whether a
+        different key for `endpoint` is now known."""
+        before = self.credentials.get(endpoint)
+        if not self.token or self.plan is None:
+            return False
+        # Every node's agent, not only those with on-demand replicas the plan names: an
+        # always-on engine has a key too, and the agent that started it knows it.
+        agents = {n.agent for n in self.plan.nodes if n.agent} | set(agent_urls(self.plan).values())
+        await asyncio.gather(*(self._hear(agent, None, 0.0) for agent in sorted(agents)))
+        return self.credentials.get(endpoint) not in (None, before)
 
     def lost(self, agent: str, exc: httpx.TransportError) -> str:
         """Take `agent` as silent after `exc`; why, as a sentence for a request's error."""
