@@ -31,6 +31,17 @@ from llmgw.gateway.api import APIS
 log = logging.getLogger("llmgw.gateway")
 
 
+# What of a client's own value an error repeats: a 404 once echoed a 7.5 MB model name.
+ECHO_CHARS = 64
+
+
+def echo(value: str) -> str:
+    """A client's value as an error repeats it: quoted, and cut short past ECHO_CHARS."""
+    if len(value) <= ECHO_CHARS:
+        return repr(value)
+    return repr(value[:ECHO_CHARS]) + f" (cut short; {len(value):,} characters)"
+
+
 class ApiError(Exception):
     def __init__(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
@@ -106,6 +107,11 @@ class _Status:
         seen = req.get_param_as_int("after", min_value=0)
         if seen is not None:
             wait = req.get_param_as_float("wait", min_value=0.0, max_value=STATUS_WAIT_MAX_S) or 0.0
+            if not math.isfinite(wait):
+                # nan passes every comparison with the bounds: it was held 69 s past the cap.
+                raise falcon.HTTPBadRequest(
+                    description=f"wait must be a number of seconds from 0 to {STATUS_WAIT_MAX_S:g}."
+                )
             await self.agent.counters.wait_past(seen, wait)
         resp.content_type = falcon.MEDIA_JSON
         document = {**self.agent.status(), "memory": self.demand.memory()}

@@ -15,7 +15,7 @@ from harness import Engine, Gateway, ask_as, gateway, key_digest, model, plan, p
 from redis_server import RedisServer, redis_server
 
 DAILY, MONTHLY, BURST, WARNED = "sk-daily", "sk-monthly", "sk-burst", "sk-warned"
-UNBOUNDED = "sk-unbounded"
+UNBOUNDED, CAREFUL = "sk-unbounded", "sk-careful"
 ADMIN = "admin-secret"
 
 
@@ -26,6 +26,7 @@ def keys_file(path: Path) -> Path:
         f"  - {{name: monthly, sha256: {key_digest(MONTHLY)}, budget: {{tokens: 40, every: month}}}}\n"
         f"  - {{name: burst, sha256: {key_digest(BURST)}, budget: {{tokens: 60, every: week}}}}\n"
         f"  - {{name: unbounded, sha256: {key_digest(UNBOUNDED)}, budget: {{tokens: 3000, every: day}}}}\n"
+        f"  - {{name: careful, sha256: {key_digest(CAREFUL)}, budget: {{tokens: 5000, every: day}}}}\n"
         f"  - {{name: warned, sha256: {key_digest(WARNED)}, "
         "budget: {tokens: 60, every: day, warn_at: 0.5}}\n"
     )
@@ -146,6 +147,18 @@ def test_a_burst_to_a_model_that_bounds_no_answer_holds_its_context_each(gw: Gat
     for t in threads:
         t.join()
     assert 1 <= statuses.count(200) <= 3 and statuses.count(429) == 16 - statuses.count(200), statuses
+
+
+def test_a_request_refused_for_a_bad_header_holds_none_of_the_budget(gw: Gateway) -> None:
+    for _ in range(5):
+        refused = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {CAREFUL}", "x-llmgw-priority": "urgent"},
+            timeout=30,
+        )
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_priority"
+    assert spend(gw, "careful")["used"] == 0, "refused requests kept their tokens held"
 
 
 def test_crossing_warn_at_logs_one_warning_and_metrics_show_the_fraction(gw: Gateway) -> None:

@@ -404,3 +404,17 @@ def test_deploy_warns_when_the_token_would_cross_a_network_in_clear(tmp_path: Pa
         on_loopback = run_deploy(new, gw.url)
         assert on_loopback.returncode == 0, on_loopback.stderr
         assert "in clear" not in on_loopback.stderr
+
+
+def test_an_error_repeats_at_most_a_short_prefix_of_what_the_client_sent(gw: Gateway) -> None:
+    """A 7.5 MB model name once came back whole in its 404 (15 MB answered); a 5,000-character
+    priority header in its 400."""
+    named = post(gw, {"model": "m" * 200_000, "messages": [{"role": "user", "content": "hi"}]})
+    assert named.status_code == 404 and len(named.content) < 2_000, len(named.content)
+    assert "cut short; 200,000 characters" in named.json()["error"]["message"]
+    header = post(
+        gw,
+        {"model": "chat-a", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-llmgw-priority": "h" * 5000},
+    )
+    assert header.status_code == 400 and len(header.content) < 2_000, len(header.content)

@@ -126,6 +126,11 @@ def test_the_agents_status_answers_a_waiting_caller_when_a_state_changes(tmp_pat
             agent.status_url + "/status", params={"after": first["changes"], "wait": 0.3}, timeout=10
         )
         assert quiet.json()["changes"] == first["changes"], "nothing changed, so it waited and said so"
+        for bad in ("nan", "inf", "-1", "1e308"):
+            refused = httpx.get(
+                agent.status_url + "/status", params={"after": first["changes"], "wait": bad}, timeout=5
+            )
+            assert refused.status_code == 400, f"wait={bad} was {refused.status_code}, not refused at once"
         endpoint = first["replicas"][0]["endpoint"]
         with httpx.Client(timeout=60) as client:
             waiting = client.build_request(

@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 
-from llmgw.gateway.errors import ApiError
+from llmgw.gateway.errors import ApiError, echo
 from llmgw.gateway.schedule.policy import BANDS, Waiter
 from llmgw.gateway.schedule.rooms import rooms_of
 from llmgw.gateway.schedule.store import LEASE_TTL, Ask, QueueFull, Store
@@ -135,7 +135,7 @@ def band_of(priority: str | None, asked: str | None) -> int:
     if wanted is None:
         raise ApiError(
             400,
-            f"x-llmgw-priority is {asked!r}; send high, normal or low (it can lower the key's "
+            f"x-llmgw-priority is {echo(asked)}; send high, normal or low (it can lower the key's "
             "priority for this request, never raise it).",
             param="x-llmgw-priority",
             code="invalid_priority",

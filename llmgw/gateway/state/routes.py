@@ -30,7 +30,7 @@ import httpx
 from llmgw.engines import engine
 from llmgw.errors import PlanError
 from llmgw.gateway.api import APIS, answered_by
-from llmgw.gateway.errors import ApiError
+from llmgw.gateway.errors import ApiError, echo
 from llmgw.gateway.state import metrics
 from llmgw.gateway.upstream import Target
 from llmgw.plan import Plan, PlanModel, PlanProfile
@@ -498,7 +498,8 @@ class RouteTable:
         if model is not None:
             return model
         usable = {n: m for n, m in self._by_name.items() if may_use is None or may_use(m.names())}
-        closest = self.closest(name, usable)
+        # A name no model could have is compared with none: difflib over megabytes is slow.
+        closest = self.closest(name, usable) if len(name) <= 256 else None
         if closest:
             hint = f"did you mean '{closest}'? GET /v1/models lists them all."
         elif not self.models:
@@ -507,7 +508,9 @@ class RouteTable:
             hint = "GET /v1/models lists the ones your key may use."
         else:
             hint = f"it serves {self._some_names(usable)} (GET /v1/models lists them)."
-        raise ApiError(404, f"There is no model '{name}' here; {hint}", param="model", code="model_not_found")
+        raise ApiError(
+            404, f"There is no model {echo(name)} here; {hint}", param="model", code="model_not_found"
+        )
 
     @staticmethod
     def _some_names(usable: dict[str, Model], most: int = 5) -> str:
