@@ -688,6 +688,12 @@ def _agent_ports(plan: Plan, fleet_path: Path | None) -> dict[str, int]:
 )
 @click.option("--status-bind", default="127.0.0.1:9100", show_default=True, metavar="HOST:PORT")
 @click.option("--grace", type=float, default=30.0, show_default=True, help="Seconds from SIGTERM to SIGKILL.")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="This agent's token, read from a file (else LLMGW_AGENT_TOKEN[_FILE]).",
+)
 @click.pass_context
 def node_command(
     ctx: click.Context,
@@ -697,6 +703,7 @@ def node_command(
     state_dir: Path,
     status_bind: str,
     grace: float,
+    token_file: Path | None,
 ) -> None:
     """Run and supervise the engines the plan places on this node, until stopped.
 
@@ -711,6 +718,10 @@ def node_command(
 
     if not node_name:
         raise click.UsageError("--node NAME is required: the name this machine has in the plan.")
+    if token_file is not None:
+        # Read where every token is read (llmgw/tokens.py), so a file that cannot be read is
+        # one sentence; the token itself never sits in this process's environment.
+        os.environ["LLMGW_AGENT_TOKEN_FILE"] = str(token_file)
     if (plan_path is None) == (gateway_url is None):
         raise click.UsageError("give exactly one of --plan PATH or --gateway URL.")
     if gateway_url is not None and os.environ.get("LLMGW_ADMIN_TOKEN"):

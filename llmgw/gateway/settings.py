@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from llmgw.errors import UsageError
+from llmgw.tokens import token_from
 
 
 @dataclass(frozen=True)
@@ -146,10 +147,11 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["api_keys_file"] = Path(env["LLMGW_API_KEYS_FILE"])
     if env.get("LLMGW_KEYS_FILE"):
         values["keys_file"] = Path(env["LLMGW_KEYS_FILE"])
-    if env.get("LLMGW_ADMIN_TOKEN"):
-        values["admin_token"] = env["LLMGW_ADMIN_TOKEN"]
-    if env.get("LLMGW_METRICS_TOKEN"):
-        values["metrics_token"] = env["LLMGW_METRICS_TOKEN"]
+    # Each also from a file (NAME_FILE), so the token need not sit in an environment `ps e` shows.
+    if token_from(env, "LLMGW_ADMIN_TOKEN"):
+        values["admin_token"] = token_from(env, "LLMGW_ADMIN_TOKEN")
+    if token_from(env, "LLMGW_METRICS_TOKEN"):
+        values["metrics_token"] = token_from(env, "LLMGW_METRICS_TOKEN")
     if env.get("LLMGW_DNS_SERVERS"):
         values["dns_servers"] = _servers(env["LLMGW_DNS_SERVERS"])
     if env.get("LLMGW_CORS_ORIGINS"):

@@ -22,6 +22,7 @@ from llmgw.node.process import load_records
 from llmgw.node.runner import NodeError, RunnerSettings
 from llmgw.node.status import create_status_app
 from llmgw.plan import Plan
+from llmgw.tokens import token_from
 
 log = logging.getLogger("llmgw.node")
 
@@ -74,7 +75,7 @@ def run_node(settings: RunnerSettings, source: PlanSource, status_bind: str) -> 
 
 
 async def _main(settings: RunnerSettings, source: PlanSource, plan: Plan, sock: socket.socket) -> None:
-    token = os.environ.get("LLMGW_AGENT_TOKEN") or None
+    token = token_from(os.environ, "LLMGW_AGENT_TOKEN")
     # With a token to tell them with, engines get keys of their own (node/credentials.py).
     settings = dataclasses.replace(settings, engine_keys=token is not None)
     agent = Agent(settings)

@@ -72,3 +72,43 @@ def test_an_engine_answers_the_gateway_and_refuses_anyone_else(tmp_path: Path) -
             assert key not in gw.log()
     finally:
         agent.stop()
+
+
+def test_a_node_token_from_a_file_opens_its_own_agent_and_no_other(tmp_path: Path) -> None:
+    """The agent reads its token from a file (`--token-file`), so it sits in no environment;
+    the gateway holds one token per node (LLMGW_AGENT_TOKENS_FILE) and uses each node's own."""
+    fleet = Fleet(tmp_path / "fleet", others=False, memory_gb=2)
+    secret_dir = tmp_path / "secrets"
+    secret_dir.mkdir(mode=0o700)
+    (secret_dir / "agent.token").write_text("token-of-local\n")
+    (secret_dir / "tokens.yaml").write_text("local: token-of-local\nother-node: token-of-other\n")
+    agent = Agent(fleet, stand_in_bin(tmp_path / "bin", "llama-server"), LLMGW_AGENT_TOKEN="")
+    agent.source = [*agent.source, "--token-file", str(secret_dir / "agent.token")]
+    fleet.agent_at(agent.status_url)
+    fleet.plan({"a.yaml": chat_model("a") + "    start: on-demand\n"})
+    agent.start()
+    try:
+        assert agent.proc is not None
+        environ = Path(f"/proc/{agent.proc.pid}/environ").read_bytes()
+        cmdline = Path(f"/proc/{agent.proc.pid}/cmdline").read_bytes()
+        assert b"token-of-local" not in environ + cmdline, "the token sits where ps shows it"
+        endpoint = fleet.plan({"a.yaml": chat_model("a") + "    start: on-demand\n"})["models"][0][
+            "profiles"
+        ][0]["replicas"][0]["endpoint"]
+        for token, status in (("token-of-other", 401), ("token-of-local", 200)):
+            answer = httpx.post(
+                agent.status_url + "/acquire",
+                json={"endpoint": endpoint, "wait_s": 20},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=30,
+            )
+            assert answer.status_code == status, (token, answer.text)
+        with gateway(fleet.plan_path, LLMGW_AGENT_TOKENS_FILE=str(secret_dir / "tokens.yaml")) as gw:
+            answer = httpx.post(
+                gw.url + "/v1/chat/completions",
+                json={"model": "a", "messages": [{"role": "user", "content": "hi"}]},
+                timeout=60,
+            )
+            assert answer.status_code == 200, answer.text
+    finally:
+        agent.stop()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from typing import Any
 
@@ -66,13 +65,15 @@ class Leases:
     ) -> None:
         self.load_timeout = load_timeout
         self.loaded = loaded
-        self.token = token if token is not None else os.environ.get("LLMGW_AGENT_TOKEN")
+        self.token = token  # one token for every agent; None: each node's (loaded.headers_for)
         self.agent_timeout = agent_timeout
         self.client = httpx.AsyncClient(trust_env=False, timeout=agent_timeout)
         self.releases: set[asyncio.Task[None]] = set()
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+    def _headers(self, agent: str) -> dict[str, str]:
+        if self.token is not None:
+            return {"Authorization": f"Bearer {self.token}"}
+        return self.loaded.headers_for(agent)
 
     async def lease(self, model: str, replica: Replica) -> str:
         """The lease id once the replica's engine is ready; ApiError when it cannot be had."""
@@ -128,7 +129,7 @@ class Leases:
             answer = await self.client.post(
                 f"{replica.agent}/acquire",
                 json={"endpoint": replica.endpoint, "wait_s": wait},
-                headers=self._headers(),
+                headers=self._headers(agent),
                 # The agent answers within `wait`; past that, and the allowance, it is silent.
                 timeout=httpx.Timeout(wait + self.agent_timeout, connect=self.agent_timeout),
             )
@@ -156,7 +157,8 @@ class Leases:
             raise ApiError(
                 502,
                 f"the agent at {replica.agent} refused to start {model} ({said}); give the "
-                "gateway and every agent the same LLMGW_AGENT_TOKEN.",
+                "gateway the agent's token (LLMGW_AGENT_TOKEN, or its node's line in "
+                "LLMGW_AGENT_TOKENS_FILE).",
                 type="upstream_error",
                 code="agent_refused",
             )
@@ -177,7 +179,9 @@ class Leases:
 
     async def _release(self, replica: Replica, lease: str) -> None:
         try:
-            await self.client.post(f"{replica.agent}/release", json={"lease": lease}, headers=self._headers())
+            await self.client.post(
+                f"{replica.agent}/release", json={"lease": lease}, headers=self._headers(replica.agent or "")
+            )
         except httpx.HTTPError as exc:
             # The agent lets a lease lapse on its own (LLMGW_LEASE_TTL): the engine is only
             # kept from its idle stop that long.

@@ -26,6 +26,7 @@ import httpx
 from llmgw.gateway.state.reload import PlanState
 from llmgw.plan import Plan
 from llmgw.status import agent_urls
+from llmgw.tokens import agent_tokens_from
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -50,7 +51,7 @@ class Loaded:
         self.credentials: dict[str, str] = {}
         self.agents: frozenset[str] = frozenset()
         self.plan: Plan | None = None
-        self.token = os.environ.get("LLMGW_AGENT_TOKEN") or None
+        self.tokens = agent_tokens_from(os.environ)
 
     def took(self, endpoint: str) -> None:
         """A lease on the engine at `endpoint` was granted to this worker."""
@@ -96,7 +97,7 @@ class Loaded:
         try:
             # The wait is the agent's; only time beyond it counts against the agent.
             timeout = httpx.Timeout(self.agent_timeout, read=self.agent_timeout + (wait if params else 0.0))
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            headers = self.headers_for(agent)
             answer = await self.client.get(url, params=params, timeout=timeout, headers=headers)
         except httpx.TransportError as exc:
             self.lost(agent, exc)
@@ -117,6 +118,18 @@ class Loaded:
         changes = document.get("changes")
         return changes if isinstance(changes, int) and not isinstance(changes, bool) else None
 
+    def headers_for(self, agent: str) -> dict[str, str]:
+        """The Authorization an agent takes: its node's own token, else the one token."""
+        token = self.tokens.for_node(self._node_of(agent))
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _node_of(self, agent: str) -> str | None:
+        if self.plan is None:
+            return None
+        urls = agent_urls(self.plan)
+        found = [n.name for n in self.plan.nodes if (n.agent or urls.get(n.name)) == agent.rstrip("/")]
+        return found[0] if found else None
+
     def credential(self, endpoint: str) -> str | None:
         return self.credentials.get(endpoint)
 
@@ -125,7 +138,7 @@ class Loaded:
         worker had (or it had none yet: a new plan, or an engine started since); whether a
         different key for `endpoint` is now known."""
         before = self.credentials.get(endpoint)
-        if not self.token or self.plan is None:
+        if not self.tokens.any or self.plan is None:
             return False
         # Every node's agent, not only those with on-demand replicas the plan names: an
         # always-on engine has a key too, and the agent that started it knows it.
