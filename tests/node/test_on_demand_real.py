@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.gateway.harness import gateway
@@ -60,6 +61,14 @@ def test_twenty_at_once_start_one_engine_two_in_room_for_one_take_turns_and_the_
             assert all(a.choices[0].message.content for a in answers), "every one answered with text"
             a = agent.replicas()["a"]
             assert a["starts"] == 1, f"twenty requests at once started {a['starts']} engines, not one"
+            # The real llama-server took its credential from the agent: a caller who reaches
+            # its port without it is refused, while the gateway's requests above were served.
+            straight = httpx.post(
+                a["endpoint"] + "/v1/chat/completions",
+                json={"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                timeout=30,
+            )
+            assert straight.status_code == 401, straight.text
 
             pids: list[int] = []
             for name in ("b", "a", "b"):
