@@ -333,7 +333,8 @@ def _run(
     with open(logs["agent"], "ab") as agent_log, open(logs["gateway"], "ab") as gateway_log:
         agent = _start(agent_cmd, env, agent_log, show_logs)
         gateway = _start(gateway_cmd, env, gateway_log, show_logs)
-    banner = _banner(plan, bind, status_bind, None if show_logs else logs)
+    keys = Path(env["LLMGW_KEYS_FILE"]) if env.get("LLMGW_KEYS_FILE") else None
+    banner = _banner(plan, bind, status_bind, None if show_logs else logs, keys)
     announced = False
     next_look = time.monotonic() + WATCH_INTERVAL_S
     code = 0
@@ -369,7 +370,9 @@ def _output(log: IO[bytes], show_logs: bool) -> dict[str, Any]:
     return {"stdout": log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
 
 
-def _banner(plan: dict[str, Any], bind: str, status_bind: str, logs: dict[str, Path] | None) -> str:
+def _banner(
+    plan: dict[str, Any], bind: str, status_bind: str, logs: dict[str, Path] | None, keys: Path | None = None
+) -> str:
     models = plan["models"]
     assert isinstance(models, list)
     lazy = [m["name"] for m in models if any(p.get("start") == "on-demand" for p in m["profiles"])]
@@ -379,6 +382,10 @@ def _banner(plan: dict[str, Any], bind: str, status_bind: str, logs: dict[str, P
         f'  API        http://{bind}/v1   (OpenAI-compatible; e.g. base_url="http://{bind}/v1")',
         f"  dashboard  http://{bind}/",
         f"  engines    http://{status_bind}/status   (`llmgw node status --agent http://{status_bind}`)",
+        # The SDKs insist on an API key: say which one this gateway takes.
+        f"  API key    one of {keys}'s keys (`llmgw keys add NAME` makes one)"
+        if keys is not None
+        else '  API key    any: no keys file, every caller is let in (the SDKs want one: api_key="unused")',
     ]
     if logs is not None:
         lines.append(f"  logs       {logs['gateway']} (requests), {logs['agent']}   (--logs shows them here)")

@@ -249,6 +249,7 @@ def test_the_terminal_has_the_banner_and_engine_events_and_the_access_log_a_file
         out.wait_for("llmgw up: serving m")
         out.wait_for("llmgw up: m ready")
         assert "m: answers 503 until its engine has loaded" in out.text, out.text
+        assert "API key    any: no keys file" in out.text, "the banner says which API key to use"
         answer = httpx.post(
             f"http://{bind}/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
