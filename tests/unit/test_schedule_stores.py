@@ -294,3 +294,40 @@ def test_slots_given_back_while_redis_is_frozen_are_free_once_it_answers(tmp_pat
         assert store.shared.in_use(["m"]) == {}, "a slot given back during the outage is still taken"
         assert store.ask(ask("k", slots))[0] == A, "a later request found no free slot"
         store.close()
+
+
+def test_a_slot_freed_in_one_worker_wakes_the_request_waiting_in_another_without_polling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers of one instance: the request waiting in the second is granted the slot the
+    first gives back, and learns it from the first at once; polling, made too slow here to
+    find it in the time allowed, plays no part."""
+    from llmgw.gateway.schedule import queue
+
+    monkeypatch.setattr(queue, "POLL_FIRST", 30.0)
+    monkeypatch.setattr(queue, "POLL_MOST", 30.0)
+    monkeypatch.setattr(queue, "DISPATCH_EVERY", 60.0)
+    (tmp_path / "shared").mkdir()
+
+    async def scenario() -> tuple[str, float]:
+        first = Scheduler(LocalStore(tmp_path), wait=20.0, per_key=10, shared=tmp_path / "shared")
+        second = Scheduler(LocalStore(tmp_path), wait=20.0, per_key=10, shared=tmp_path / "shared")
+        watches = [asyncio.create_task(s.watch()) for s in (first, second)]
+        await asyncio.sleep(0.05)  # both listening
+        holder = first.ticket("m", "k", 1, 1.0, 1.0)
+        assert await holder.take({A: 1}) == A
+        waiter = second.ticket("m", "j", 1, 1.0, 1.0)
+        waiting = asyncio.create_task(waiter.take({A: 1}))
+        await asyncio.sleep(0.1)
+        assert not waiting.done(), "the second request waits for the one slot"
+        assert holder.id is not None
+        freed = time.monotonic()
+        holder.give_back(holder.id)
+        endpoint = await asyncio.wait_for(waiting, 5.0)
+        took = time.monotonic() - freed
+        for task in watches:
+            task.cancel()
+        return endpoint, took
+
+    endpoint, took = asyncio.run(scenario())
+    assert endpoint == A and took < 5.0

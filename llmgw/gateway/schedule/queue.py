@@ -3,9 +3,10 @@ back when its answer ends, however it ends.
 
 The request path asks one question, `Ticket.take`, with the candidates routing prefers;
 the answer is the replica to send to, once one of them has a free slot and this request is
-the one the policy picks (policy.py). A request that waits learns of its grant two ways: at
-once when a slot is given back in its own worker (an event), and by polling the store every
-10-25 ms for a grant made by another worker or instance. It waits at most LLMGW_QUEUE_WAIT
+the one the policy picks (policy.py). A request that waits learns of its grant at once: from
+an event when a slot is given back in its own worker, and through its worker's wake-up socket
+when another worker of the instance grants it (wakeups.py); polling the store every 10-25 ms
+is the floor, for a grant made by another instance. It waits at most LLMGW_QUEUE_WAIT
 seconds (then 503), and a key may have at most LLMGW_QUEUE_PER_KEY requests waiting for a
 model (past that, 429 at once). A client that leaves while waiting leaves the line.
 """
@@ -19,11 +20,13 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from llmgw.gateway.errors import ApiError, echo
 from llmgw.gateway.schedule.policy import BANDS, Waiter
 from llmgw.gateway.schedule.rooms import rooms_of
 from llmgw.gateway.schedule.store import LEASE_TTL, Ask, QueueFull, Store
+from llmgw.gateway.schedule.wakeups import Wakeups
 from llmgw.gateway.state import metrics
 from llmgw.plan import Plan
 
@@ -46,13 +49,15 @@ class Scheduler:
     """This worker's side of the shared line: its waiting requests' events, and the
     heartbeat that keeps its leases."""
 
-    def __init__(self, store: Store, wait: float, per_key: int) -> None:
+    def __init__(self, store: Store, wait: float, per_key: int, shared: Path | None = None) -> None:
         self.store = store
         self.wait = wait
         self.per_key = per_key
         self.events: dict[str, asyncio.Event] = {}
         self._ids = itertools.count()
         self._prefix = f"{os.getpid()}.{os.urandom(3).hex()}."
+        # Other workers of this instance, woken at once when this one grants their requests.
+        self.wakeups = Wakeups(shared, self._prefix, self._woken) if shared is not None else None
         self._flushing = False
         self._rooms: tuple[str, dict[str, str]] = ("", {})
 
@@ -108,13 +113,30 @@ class Scheduler:
             return {}
 
     def wake(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        self._woken(ids)
+        if self.wakeups is not None:
+            self.wakeups.send(ids)
+
+    def _woken(self, ids: list[str]) -> None:
         for id in ids:
             event = self.events.get(id)
             if event is not None:
                 event.set()
 
     async def watch(self) -> None:
-        """Renew this worker's leases and places in line until the worker stops."""
+        """Listen for grants made by other workers, and renew this worker's leases and places
+        in line, until the worker stops."""
+        if self.wakeups is not None:
+            self.wakeups.listen(asyncio.get_running_loop())
+        try:
+            await self._renew()
+        finally:
+            if self.wakeups is not None:
+                self.wakeups.close()
+
+    async def _renew(self) -> None:
         while True:
             await asyncio.sleep(LEASE_TTL / 3)
             try:

@@ -306,7 +306,7 @@ def _scheduler(settings: Settings, shared: Path) -> Scheduler:
     store: Store = LocalStore(shared, policy, patience)
     if settings.redis_url:
         store = Shared(RedisStore(settings.redis_url, settings.redis_timeout, patience, policy), store)
-    return Scheduler(store, settings.queue_wait, settings.queue_per_key)
+    return Scheduler(store, settings.queue_wait, settings.queue_per_key, shared)
 
 
 def _healthy(table: RouteTable) -> dict[str, bool]:
