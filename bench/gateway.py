@@ -2,6 +2,7 @@
 through llmgw.
 
     .venv/bin/python bench/gateway.py [--seconds 5] [--connections 64] [--workers 2] [--traced]
+                                      [--slots 4]
 
 Measures, in one run and against the same fast fake engine (tests/gateway/fake_engine.py):
 latency at one connection (sequential requests) and throughput at many connections, direct,
@@ -25,6 +26,11 @@ said so, when it is not installed (`apt-get install nginx-light`).
 dependency of llmgw) in the same turns, forwarding to the same engine with as many workers,
 and prints the gateway's added latency as a fraction of LiteLLM's. Its price list is read
 from the package (LITELLM_LOCAL_MODEL_COST_MAP), so it reaches nothing beyond the machine.
+
+--slots N adds a gateway, `slots`, whose plan gives the engine N slots (llama-server's
+default is 4), so the connections keep them full and every answer hands its slot to a request
+that waits, often in the other worker: its throughput beside the gateway's with slots to
+spare says what a hand-off costs.
 
 --traced adds a second gateway, `traced`, exporting a span per request by OTLP/HTTP to a
 receiver on loopback (tests/gateway/otlp_receiver.py, decoding each batch as a collector
@@ -314,6 +320,7 @@ def main() -> None:
         "--access-log", action="store_true", help="keep the JSON access log on (written to a file)"
     )
     parser.add_argument("--traced", action="store_true", help="and a gateway exporting traces")
+    parser.add_argument("--slots", type=int, default=0, help="and a gateway giving the engine N slots")
     parser.add_argument("--litellm", metavar="PATH", help="and LiteLLM's proxy: its `litellm` command")
     args = parser.parse_args()
     try:
@@ -338,6 +345,19 @@ def main() -> None:
                 ]
             ),
         )
+        few_path = Path(tmp) / "few-slots.json"
+        if args.slots:
+            few = ("--parallel", str(args.slots))
+            harness.write_plan(
+                few_path,
+                harness.plan(
+                    [
+                        harness.model(
+                            "bench", [harness.profile([engine.url], "bench", args=few)], max_output=4096
+                        )
+                    ]
+                ),
+            )
         env = {} if args.access_log else {"LLMGW_ACCESS_LOG": "off"}
         with (
             nginx(engine.url, args.workers) as nginx_url,
@@ -345,6 +365,7 @@ def main() -> None:
             harness.gateway(plan_path, workers=args.workers, **env) as gw,
             traced_gateway(plan_path, args.workers, env, args.traced) as traced,
             litellm(args.litellm, engine.url, args.workers) as lite,
+            few_slots_gateway(few_path, args.workers, env, args.slots) as full,
         ):
             urls = {"direct": engine.url}
             # With --traced, nginx sits out: a fifth target in the turns left each kept-alive
@@ -356,6 +377,9 @@ def main() -> None:
             if traced is not None:
                 urls["traced"] = traced[0].url
                 pids["traced"] = traced[0].worker_pids()
+            if full is not None:
+                urls["slots"] = full.url
+                pids["slots"] = full.worker_pids()
             if lite is not None:
                 urls["litellm"] = lite[0]
                 pids["litellm"] = {lite[1], *harness.children(lite[1])}
@@ -376,6 +400,17 @@ def main() -> None:
                 time.sleep(1)  # the last batch
                 print(f"spans received by the loopback collector: {len(traced[1].spans)}")
     report(args, samples, rps, cpu)
+
+
+@contextlib.contextmanager
+def few_slots_gateway(
+    plan_path: Path, workers: int, env: dict[str, str], slots: int
+) -> Iterator[harness.Gateway | None]:
+    if not slots:
+        yield None
+        return
+    with harness.gateway(plan_path, workers=workers, **env) as gw:
+        yield gw
 
 
 @contextlib.contextmanager
@@ -453,6 +488,13 @@ def report(
             f"1/{added['litellm'] / added['gateway']:.0f} of it; CPU per request "
             f"{statistics.median(cpu['litellm']) * 1e6:.0f} us; throughput "
             f"{statistics.median(rps['gateway']) / statistics.median(rps['litellm']):.1f}x LiteLLM's"
+        )
+    if "slots" in rps:
+        print(
+            f"{args.slots} slots kept full by {args.connections} connections: "
+            f"{statistics.median(rps['slots']):.0f}/s, "
+            f"{statistics.median(rps['slots']) / statistics.median(rps['gateway']):.2f} of the gateway's "
+            "with slots to spare"
         )
     if "traced" in cpu:
         print(
