@@ -150,3 +150,36 @@ def test_a_state_directory_the_gateway_cannot_write_is_refused_at_start(tmp_path
     blocked.write_text("")  # a file where the directory would go
     with pytest.raises(UsageError, match="LLMGW_STATE_DIR"):
         check_state_directory(blocked / "llmgw")
+
+
+@pytest.mark.parametrize("kind", ["garbage", "directory", "symlink"])
+def test_a_state_file_that_is_not_one_is_refused_at_start_in_one_sentence(tmp_path: Path, kind: str) -> None:
+    from llmgw.errors import UsageError
+    from llmgw.gateway.request.limits import STATE_FILE_NAME
+    from llmgw.gateway.server.serve import check_state_directory
+
+    state = tmp_path / "state"
+    state.mkdir()
+    target = state / STATE_FILE_NAME
+    if kind == "garbage":
+        target.write_bytes(b"this is not a database" * 100)
+    elif kind == "directory":
+        target.mkdir()
+    else:
+        (tmp_path / "elsewhere.sqlite").write_bytes(b"")
+        target.symlink_to(tmp_path / "elsewhere.sqlite")
+    with pytest.raises(UsageError) as refused:
+        check_state_directory(state)
+    assert str(target) in str(refused.value)
+
+
+def test_keys_list_on_a_corrupt_state_file_says_which_file_and_what_to_do(llmgw, tmp_path: Path) -> None:
+    from llmgw.gateway.request.limits import STATE_FILE_NAME
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / STATE_FILE_NAME).write_bytes(b"garbage" * 1000)
+    (tmp_path / "keys.yaml").write_text(
+        f"keys:\n  - {{name: team, sha256: {'a' * 64}, budget: {{tokens: 100, every: day}}}}\n"
+    )
+    run = llmgw("keys", "list", "--file", "keys.yaml", cwd=tmp_path, LLMGW_STATE_DIR=str(tmp_path / "state"))
+    assert run.code == 2 and STATE_FILE_NAME in run.stderr and "Traceback" not in run.stderr, run

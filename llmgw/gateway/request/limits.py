@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from llmgw.errors import UsageError
 from llmgw.gateway.errors import ApiError
 from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Budget, Tenant, rfc3339
@@ -99,6 +100,11 @@ def read_spend(state: Path, name: str, budget: Budget, now: float) -> Spend:
             used = int(row[0]) if row else 0
         except sqlite3.OperationalError:  # made by a gateway that has not yet spent anything
             used = 0
+        except sqlite3.DatabaseError as exc:
+            raise UsageError(
+                f"{path} is not a state file llmgw can read ({exc}); move it away (the spend in "
+                "it is lost) or point LLMGW_STATE_DIR at the gateway's state directory."
+            ) from None
         finally:
             db.close()
     return Spend(budget, used, period, reset)

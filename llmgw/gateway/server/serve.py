@@ -12,6 +12,7 @@ import errno
 import os
 import shutil
 import socket
+import sqlite3
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from llmgw.errors import PlanError, UsageError
-from llmgw.gateway.request.limits import state_directory
+from llmgw.gateway.request.limits import STATE_FILE_NAME, state_directory
 from llmgw.gateway.schedule.policies import policy_named
 from llmgw.gateway.server.gunicorn_conf import MADE_METRICS_DIR
 from llmgw.gateway.settings import RETIRED, settings_from_env
@@ -154,6 +155,36 @@ def check_state_directory(path: Path) -> None:
             f"cannot keep the gateway's state (budget spend, usage totals) in {path}: "
             f"{exc.strerror or exc}. Set LLMGW_STATE_DIR to a directory the gateway may write "
             "that survives a restart."
+        ) from None
+    check_state_file(path / STATE_FILE_NAME)
+
+
+def check_state_file(state: Path) -> None:
+    """The state file, if there is one, is a SQLite database the gateway may open: garbage or a
+    directory at its name once passed the start, then every worker printed a traceback and
+    gunicorn exited 3; a symlink there is refused, never followed."""
+    if state.is_symlink():
+        raise UsageError(
+            f"{state} is a symbolic link; the gateway keeps its state only in a file of its own. "
+            "Remove the link (or point LLMGW_STATE_DIR elsewhere)."
+        )
+    if not state.exists():
+        return
+    if not state.is_file():
+        raise UsageError(
+            f"{state} is not a file; move it away so the gateway can keep its state (budget spend, "
+            "usage totals) there, or point LLMGW_STATE_DIR elsewhere."
+        )
+    try:
+        db = sqlite3.connect(f"{state.as_uri()}?mode=ro", uri=True, timeout=5.0)
+        try:
+            db.execute("PRAGMA schema_version").fetchone()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise UsageError(
+            f"{state} is not a state file the gateway can read ({exc}); move it away (the "
+            "budgets' spend and usage totals in it are lost) and start again."
         ) from None
 
 
