@@ -331,3 +331,31 @@ def test_a_slot_freed_in_one_worker_wakes_the_request_waiting_in_another_without
 
     endpoint, took = asyncio.run(scenario())
     assert endpoint == A and took < 5.0
+
+
+def test_a_key_back_from_idle_during_a_busy_spell_starts_level_and_does_not_jump_the_line(
+    store: Store,
+) -> None:
+    """docs/scheduling.md: a key returning from idle starts level with the keys being served.
+    Its raise was kept only when the same call granted a slot, so a key that came back while
+    every slot was busy kept its old, lower service and took every slot for a while."""
+    slots = {A: 1}
+    held = ask("busy", slots)
+    assert store.ask(held)[0] == A
+    for _ in range(10):  # "busy" is served ten times, one after another
+        nxt = ask("busy", slots)
+        store.ask(nxt)
+        assert store.give_back("m", held.waiter.id) == [nxt.waiter.id]
+        held = nxt
+    waiting_busy = [ask("busy", slots) for _ in range(4)]
+    for w in waiting_busy:
+        assert store.ask(w)[0] is None
+    back = [ask("back", slots) for _ in range(4)]  # back from idle while the slot is busy
+    for w in back:
+        assert store.ask(w)[0] is None
+    order = []
+    for _ in range(4):
+        (granted,) = store.give_back("m", held.waiter.id)
+        order.append("back" if granted in {w.waiter.id for w in back} else "busy")
+        held = next(w for w in [*waiting_busy, *back] if w.waiter.id == granted)
+    assert order.count("back") <= 2, f"the returning key took {order}: it jumped the line"

@@ -51,11 +51,14 @@ class Ledger:
     service: MutableMapping[str, float]
     floor: MutableMapping[int, float]
 
-    def joined(self, key: str, band: int) -> None:
-        """A key starts waiting after having nothing waiting in `band`."""
+    def joined(self, key: str, band: int) -> bool:
+        """A key starts waiting after having nothing waiting in `band`; whether it was raised,
+        which the store must keep whether or not a slot is granted now."""
         floor = self.floor.get(band, 0.0)
         if self.service.get(key, 0.0) < floor:
             self.service[key] = floor
+            return True
+        return False
 
     def charge(self, key: str, cost: float, share: float) -> None:
         self.service[key] = self.service.get(key, 0.0) + cost / max(share, 1e-9)

@@ -213,8 +213,7 @@ class LocalStore:
             if mine >= ask.per_key:
                 raise QueueFull(mine)
             ledger = self._ledger(ask.model)
-            if not in_band:
-                ledger.joined(waiter.key, waiter.band)
+            raised = not in_band and ledger.joined(waiter.key, waiter.band)
             db.execute(
                 "INSERT INTO waiting VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -224,6 +223,10 @@ class LocalStore:
                 ),
             )  # fmt: skip
             granted = woken | self._dispatch(ask.model, ledger, now)
+            if raised:
+                # Kept whatever was granted: saved only with a grant, a key that came back
+                # while every slot was busy kept its old, lower service and jumped the line.
+                self._save(ask.model, ledger, (waiter.key,))
         mine = granted.pop(waiter.id, "")
         return mine or None, list(granted)
 

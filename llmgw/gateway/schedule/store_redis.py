@@ -319,6 +319,7 @@ class _State:
         self.del_leases: set[str] = set()
         self.joined_rooms: set[str] = set()  # Rooms this model is to be named a member of
         self.freed: set[tuple[str, str]] = set()  # (Room, endpoint) of a lease given back
+        self.raised = False  # a key back from idle was raised to its band's floor: written
 
     def rooms(self) -> set[str]:
         """The Rooms its waiting requests and leases are in, and those it gave a slot back to."""
@@ -342,7 +343,7 @@ class _State:
         if len(theirs) >= ask.per_key:
             raise QueueFull(len(theirs))
         if not any(w["b"] == waiter.band for w in theirs):
-            self.ledger.joined(waiter.key, waiter.band)
+            self.raised |= self.ledger.joined(waiter.key, waiter.band)
         entry = {
             "k": waiter.key, "b": waiter.band, "s": waiter.share, "t": waiter.since, "c": waiter.cost,
             "slots": [[e, ask.slots[e]] for e in waiter.candidates], "h": holder, "x": now + LEASE_TTL,
@@ -404,6 +405,7 @@ class _State:
             pipe.hdel(leases, *self.del_leases)
         if self.put_leases:
             pipe.hset(leases, mapping=self.put_leases)
+        if self.put_leases or self.raised:
             values = {**self.ledger.service, **{f"{_FLOOR}{b}": v for b, v in self.ledger.floor.items()}}
             pipe.hset(service, mapping=values)
 
