@@ -23,6 +23,7 @@ JSON are the reporters' (llmgw/gitops/report/fleet_status.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -172,19 +173,50 @@ async def ask_agents(
     return {a.node: a for a in answers}
 
 
+# An agent's status is a few kilobytes a replica; past this it is not an agent answering.
+# A 400 MB answer once took `llmgw status` to 856 MB.
+MAX_STATUS_BYTES = 8 << 20
+
+
 async def _ask(client: httpx.AsyncClient, node: str, url: str, timeout_s: float) -> AgentReport:
     where = url.rstrip("/") + "/status"
     try:
-        answer = await client.get(where, timeout=timeout_s)
-        answer.raise_for_status()
-        doc = answer.json()
+        # The whole exchange within the timeout: an agent sending a byte every 2 s kept a
+        # read timeout of 5 s waiting past 45 s.
+        async with asyncio.timeout(timeout_s):
+            body = await _read_bounded(client, where, timeout_s)
+        doc = json.loads(body)
         replicas = tuple(r for r in doc["replicas"] if isinstance(r, dict))
+    except TimeoutError:
+        return AgentReport(
+            node, url, None, f"the agent at {where} does not answer (no whole answer in {timeout_s:g} s)"
+        )
     except httpx.HTTPError as exc:
         return AgentReport(node, url, None, f"the agent at {where} does not answer ({_reason(exc)})")
-    except (ValueError, KeyError, TypeError):
+    except _TooLarge:
+        return AgentReport(
+            node, url, None, f"{where} answered more than {MAX_STATUS_BYTES >> 20} MB: not an agent's status"
+        )
+    except (ValueError, KeyError, TypeError, RecursionError):
         return AgentReport(node, url, None, f"{where} did not answer with an agent's status")
     digest = doc.get("plan_digest")
     return AgentReport(node, url, replicas, plan_digest=digest if isinstance(digest, str) else None)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_bounded(client: httpx.AsyncClient, where: str, timeout_s: float) -> bytes:
+    async with client.stream("GET", where, timeout=timeout_s) as answer:
+        answer.raise_for_status()
+        parts, total = [], 0
+        async for part in answer.aiter_bytes():
+            total += len(part)
+            if total > MAX_STATUS_BYTES:
+                raise _TooLarge
+            parts.append(part)
+    return b"".join(parts)
 
 
 def _reason(exc: httpx.HTTPError) -> str:
