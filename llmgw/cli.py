@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 # Exit codes shared by every command.
 EXIT_OK, EXIT_FINDINGS, EXIT_CANNOT_RUN = 0, 1, 2
 
+# Where `llmgw up` keeps this folder's fleet (its plan, logs and state): `status` reads it too.
+UP_STATE = Path(".llmgw-up")
+
 
 def _use_color(stream: object) -> bool:
     if os.environ.get("NO_COLOR"):
@@ -616,7 +619,7 @@ def deploy_command(plan_path: Path, gateway_url: str) -> None:
 
 
 @main.command("status")
-@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.argument("plan_path", metavar="[PLAN]", type=click.Path(path_type=Path), required=False)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
 @click.option(
     "--wait",
@@ -633,13 +636,26 @@ def deploy_command(plan_path: Path, gateway_url: str) -> None:
     default=None,
     help="The fleet file giving each agent's port [the one the plan was made from].",
 )
-def status_command(plan_path: Path, as_json: bool, wait_s: float | None, fleet_path: Path | None) -> None:
-    """Ask each node's agent whether it runs PLAN: per model Synced or OutOfSync, and Healthy,
-    Progressing, Degraded, Missing or Suspended. Exit 0 when every model is Synced and Healthy
-    or Suspended, 1 otherwise."""
+def status_command(
+    plan_path: Path | None, as_json: bool, wait_s: float | None, fleet_path: Path | None
+) -> None:
+    """Whether each node runs PLAN (default: the one `llmgw up` serves here).
+
+    Per model Synced or OutOfSync, and Healthy, Progressing, Degraded, Missing or Suspended.
+    Exit 0 when every model is Synced and Healthy or Suspended, 1 otherwise.
+    """
     from llmgw.gitops.report.fleet_status import REPORTERS as FLEET_REPORTERS
     from llmgw.status import FleetStatus, agent_urls, fleet_status, wait_for_fleet
 
+    if plan_path is None:
+        # In a folder where `llmgw up` runs, the plan it serves: the first screen's plan.json
+        # is the bundled fleet's, whose agents this machine does not run.
+        plan_path = UP_STATE / "plan.json"
+        if not plan_path.is_file():
+            raise click.UsageError(
+                "name the plan to check (`llmgw status plan.json`); with no PLAN, status reads "
+                f"{plan_path}, which `llmgw up` writes in this folder, and there is none."
+            )
     plan = read_plan(plan_path)
     if plan.target is not None:
         raise UsageError(
@@ -777,7 +793,7 @@ def node_status_command(agent_url: str) -> None:
 @click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
-    default=Path(".llmgw-up"),
+    default=UP_STATE,
     show_default=True,
     help="The plan, fleet, engine logs and records.",
 )

@@ -334,7 +334,7 @@ def _run(
         agent = _start(agent_cmd, env, agent_log, show_logs)
         gateway = _start(gateway_cmd, env, gateway_log, show_logs)
     keys = Path(env["LLMGW_KEYS_FILE"]) if env.get("LLMGW_KEYS_FILE") else None
-    banner = _banner(plan, bind, status_bind, None if show_logs else logs, keys)
+    banner = _banner(plan, bind, status_bind, None if show_logs else logs, keys, state_dir / "plan.json")
     announced = False
     next_look = time.monotonic() + WATCH_INTERVAL_S
     code = 0
@@ -371,7 +371,12 @@ def _output(log: IO[bytes], show_logs: bool) -> dict[str, Any]:
 
 
 def _banner(
-    plan: dict[str, Any], bind: str, status_bind: str, logs: dict[str, Path] | None, keys: Path | None = None
+    plan: dict[str, Any],
+    bind: str,
+    status_bind: str,
+    logs: dict[str, Path] | None,
+    keys: Path | None = None,
+    plan_path: Path | None = None,
 ) -> str:
     models = plan["models"]
     assert isinstance(models, list)
@@ -382,6 +387,9 @@ def _banner(
         f'  API        http://{bind}/v1   (OpenAI-compatible; e.g. base_url="http://{bind}/v1")',
         f"  dashboard  http://{bind}/",
         f"  engines    http://{status_bind}/status   (`llmgw node status --agent http://{status_bind}`)",
+        "  status     `llmgw status` in this folder"
+        if plan_path is None or plan_path == Path(".llmgw-up/plan.json")
+        else f"  status     `llmgw status {plan_path}`",
         # The SDKs insist on an API key: say which one this gateway takes.
         f"  API key    one of {keys}'s keys (`llmgw keys add NAME` makes one)"
         if keys is not None

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import threading
+from pathlib import Path
 
 from tests.conftest import run_llmgw_process, write_catalog
 from tests.unit.helpers import model_yaml
@@ -73,7 +74,8 @@ def test_github_format_is_workflow_commands(llmgw, tmp_path):
     write_catalog(tmp_path, {"x.yaml": model_yaml(source=SHARD)})
     run = llmgw("lint", "--format", "github", cwd=tmp_path)
     assert run.stdout.startswith(
-        "::error file=catalog/x.yaml,line=2,col=9,title=sharded-source::source names one shard")
+        "::error file=catalog/x.yaml,line=2,col=9,title=sharded-source::source names one shard"
+    )
 
 
 def test_no_colour_when_not_a_terminal(llmgw, tmp_path):
@@ -108,8 +110,10 @@ def test_an_empty_previous_plan_means_none_for_plan_and_lint_as_for_diff(llmgw, 
 
 
 def test_fleet_nodes_sharing_an_address_and_ports_exit_2(llmgw, tmp_path):
-    fleet = ("nodes:\n  - {name: a, address: 127.0.0.1, memory_gb: 8}\n"
-             "  - {name: b, address: 127.0.0.1, memory_gb: 8}\n")
+    fleet = (
+        "nodes:\n  - {name: a, address: 127.0.0.1, memory_gb: 8}\n"
+        "  - {name: b, address: 127.0.0.1, memory_gb: 8}\n"
+    )
     write_catalog(tmp_path, {"x.yaml": model_yaml(selector="{}")}, fleet)
     run = llmgw("lint", cwd=tmp_path)
     assert run.code == 2, run
@@ -117,8 +121,10 @@ def test_fleet_nodes_sharing_an_address_and_ports_exit_2(llmgw, tmp_path):
 
 
 def test_fleet_nodes_sharing_an_address_with_disjoint_ports_are_fine(llmgw, tmp_path):
-    fleet = ("nodes:\n  - {name: a, address: 127.0.0.1, memory_gb: 8, ports: {first: 8001, last: 8049}}\n"
-             "  - {name: b, address: 127.0.0.1, memory_gb: 8, ports: {first: 8050, last: 8099}}\n")
+    fleet = (
+        "nodes:\n  - {name: a, address: 127.0.0.1, memory_gb: 8, ports: {first: 8001, last: 8049}}\n"
+        "  - {name: b, address: 127.0.0.1, memory_gb: 8, ports: {first: 8050, last: 8099}}\n"
+    )
     write_catalog(tmp_path, {"x.yaml": model_yaml(selector="{}", replicas=2, weights=10**9)}, fleet)
     run = llmgw("plan", "--out", "-", cwd=tmp_path)
     assert run.code == 0, run
@@ -207,8 +213,13 @@ def _lint_on_a_terminal(tmp_path, **env: str) -> str:
     from tests.conftest import llmgw_env
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "llmgw", "lint"], cwd=tmp_path,
-                            env=llmgw_env(**env), stdout=slave, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmgw", "lint"],
+        cwd=tmp_path,
+        env=llmgw_env(**env),
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+    )
     proc.wait(timeout=60)
     os.close(slave)
     out = b""
@@ -250,15 +261,34 @@ def test_github_format_escapes_what_would_break_a_workflow_command():
     from llmgw.gitops.report.github import report
 
     out = io.StringIO()
-    report([Finding("catalog/a,b:c.yaml", 3, 4, "yaml", "error", "100% wrong\nsecond line")], out,
-           color=False)
+    report(
+        [Finding("catalog/a,b:c.yaml", 3, 4, "yaml", "error", "100% wrong\nsecond line")], out, color=False
+    )
     assert out.getvalue() == (
-        "::error file=catalog/a%2Cb%3Ac.yaml,line=3,col=4,title=yaml::100%25 wrong%0Asecond line\n")
+        "::error file=catalog/a%2Cb%3Ac.yaml,line=3,col=4,title=yaml::100%25 wrong%0Asecond line\n"
+    )
 
 
 def test_a_fleet_address_that_is_not_an_address_exits_2(llmgw, tmp_path):
-    write_catalog(tmp_path, {"x.yaml": model_yaml()},
-                  "nodes:\n  - {name: n1, address: 'not an address!', memory_gb: 8}\n")
+    write_catalog(
+        tmp_path,
+        {"x.yaml": model_yaml()},
+        "nodes:\n  - {name: n1, address: 'not an address!', memory_gb: 8}\n",
+    )
     run = llmgw("lint", cwd=tmp_path)
     assert run.code == 2, run
     assert "'not an address!' is not a host name or IP address" in run.stderr
+
+
+def test_status_without_a_plan_reads_the_one_up_serves_in_this_folder(llmgw, tmp_path: Path) -> None:
+    from tests.gateway.harness import model, profile, write_plan
+    from tests.plans import plan_of
+
+    missing = llmgw("status", cwd=tmp_path)
+    assert missing.code == 2 and ".llmgw-up/plan.json" in missing.stderr, missing
+    (tmp_path / ".llmgw-up").mkdir()
+    write_plan(
+        tmp_path / ".llmgw-up" / "plan.json", plan_of([model("m", [profile(["http://127.0.0.1:9"], "m")])])
+    )
+    found = llmgw("status", "--json", cwd=tmp_path)
+    assert found.code == 0 and json.loads(found.stdout)["plan"].startswith("sha256:"), found
