@@ -809,14 +809,27 @@ def node_status_command(agent_url: str) -> None:
     is_flag=True,
     help="The gateway's access log and the agent's log on this terminal, not in STATE_DIR's files.",
 )
+@click.option(
+    "--keys",
+    "keys_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="keys.yaml: who may call the gateway [keys.yaml here, as lint and plan read it; none: anyone].",
+)
 def up_command(
-    catalog: Path, bind: str, status_bind: str, state_dir: Path, memory_gb: float | None, show_logs: bool
+    catalog: Path,
+    bind: str,
+    status_bind: str,
+    state_dir: Path,
+    memory_gb: float | None,
+    show_logs: bool,
+    keys_path: Path | None,
 ) -> None:
     """Run CATALOG on this machine alone: plan it onto a one-node fleet, start the engines and the
     gateway, and stop them all on Ctrl-C (twice: at once)."""
     from llmgw.up import up
 
-    sys.exit(up(catalog, bind, status_bind, state_dir, memory_gb, show_logs))
+    sys.exit(up(catalog, bind, status_bind, state_dir, memory_gb, show_logs, _keys_file(keys_path)))
 
 
 # Other orchestrators: the plan rendered into their files. `fetch` runs in their containers.

@@ -58,6 +58,7 @@ def up(
     state_dir: Path,
     memory_gb: float | None = None,
     show_logs: bool = False,
+    keys: Path | None = None,
 ) -> int:
     # Everything that can stop the run is checked before anything is written or started: a
     # failed `up` once rewrote the plan a running `up` then reloaded, and loaded the engine
@@ -82,7 +83,7 @@ def up(
         return 1
     replace_file(plan_path, dump_plan(plan).encode("utf-8"))
     watch = CatalogueWatch(catalog, fleet_path, plan_path)
-    return _run(plan, watch, bind, status_bind, state_dir, show_logs)
+    return _run(plan, watch, bind, status_bind, state_dir, show_logs, keys)
 
 
 def _previous(plan_path: Path) -> Plan | None:
@@ -296,7 +297,13 @@ def _start(
 
 
 def _run(
-    plan: dict[str, Any], watch: CatalogueWatch, bind: str, status_bind: str, state_dir: Path, show_logs: bool
+    plan: dict[str, Any],
+    watch: CatalogueWatch,
+    bind: str,
+    status_bind: str,
+    state_dir: Path,
+    show_logs: bool,
+    keys: Path | None = None,
 ) -> int:
     plan_path = watch.plan_path
     me = [sys.executable, "-m", "llmgw"]
@@ -323,6 +330,11 @@ def _run(
     # local process from doing so. Made afresh each time unless the operator gave one.
     env = dict(os.environ)
     env.setdefault("LLMGW_AGENT_TOKEN", secrets.token_urlsafe(24))
+    if keys is not None:
+        env["LLMGW_KEYS_FILE"] = str(keys.resolve())
+    # Budgets' spend and usage totals with this fleet's state, not the machine's: two fleets
+    # with a key of the same name shared one budget in ~/.local/state/llmgw.
+    env.setdefault("LLMGW_STATE_DIR", str((state_dir / "gateway").resolve()))
     pid_file = _pid_file(state_dir)
     replace_file(pid_file, f"{os.getpid()}\n".encode())
     # Closing the terminal or killing `up` once left the agent, gunicorn and the engine

