@@ -105,7 +105,7 @@ keys_option = click.option(
 )
 
 
-@main.command("lint")
+@main.command("lint", short_help="Check the catalogue against the schema and fleet.")
 @catalog_argument
 @fleet_option
 @format_option(REPORTERS)
@@ -165,7 +165,7 @@ def _lint_exit_code(result: LintResult, strict: bool) -> int:
     return EXIT_OK
 
 
-@main.command("plan")
+@main.command("plan", short_help="Lint, then write the resolved plan.")
 @catalog_argument
 @fleet_option
 @click.option(
@@ -260,7 +260,7 @@ def _write_atomically(path: Path, text: str) -> None:
         ) from None
 
 
-@main.command("inspect")
+@main.command("inspect", short_help="Print what a GGUF file's header says.")
 @click.argument("source")
 @format_option(INSPECT_REPORTERS)
 @click.option(
@@ -301,7 +301,7 @@ def inspect_command(source: str, fmt: str, write: bool) -> None:
 # pay for httpx; the logic lives in llmgw.gitops.diff, llmgw.gitops.gitea and llmgw.gitops.inventory.
 
 
-@main.command("diff")
+@main.command("diff", short_help="Show what deploying NEW over OLD changes.")
 @click.argument("old", type=click.Path(path_type=Path))
 @click.argument("new", type=click.Path(path_type=Path))
 @format_option(DIFF_REPORTERS)
@@ -330,7 +330,7 @@ def diff_command(old: Path, new: Path, fmt: str, detailed_exitcode: bool) -> Non
         sys.exit(2 if changes.has_changes else 0)
 
 
-@main.command("pr-comment")
+@main.command("pr-comment", short_help="Post llmgw's comment on the pull request.")
 @click.option(
     "--body-file",
     default="-",
@@ -379,7 +379,7 @@ def pr_comment_command(body_file: str, number: int | None, marker: str | None) -
     )
 
 
-@main.command("inventory")
+@main.command("inventory", short_help="Print this machine's fleet entry.")
 @click.option("--name", default=None, help="Node name; this machine's short hostname when absent.")
 @click.option("--address", default=None, help="Address the gateway reaches this node on.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Repeatable.")
@@ -455,7 +455,7 @@ def _kubernetes_inventory(source: str, fmt: str) -> None:
         click.echo(f"llmgw inventory: {note}", err=True)
 
 
-@main.command("serve")
+@main.command("serve", short_help="Serve the plan behind one OpenAI endpoint.")
 @click.option(
     "--plan",
     "plan_path",
@@ -473,7 +473,7 @@ def serve_command(plan_path: Path, bind: str, workers: int) -> None:
     serve(plan_path, bind, workers)
 
 
-@main.group("keys", invoke_without_command=True)
+@main.group("keys", invoke_without_command=True, short_help="Named API keys in keys.yaml.")
 @click.pass_context
 def keys_group(ctx: click.Context) -> None:
     """Named API keys in keys.yaml: who may call the gateway, which models, how often.
@@ -604,7 +604,7 @@ def _check_models_exist(patterns: list[str], catalog: Path | None) -> None:
     )
 
 
-@main.command("deploy")
+@main.command("deploy", short_help="Send a plan to a running gateway.")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
 @click.option("--gateway", "gateway_url", required=True, metavar="URL", help="e.g. http://127.0.0.1:8080")
 def deploy_command(plan_path: Path, gateway_url: str) -> None:
@@ -618,7 +618,7 @@ def deploy_command(plan_path: Path, gateway_url: str) -> None:
     click.echo(f"{gateway_url} now serves {digest}.")
 
 
-@main.command("status")
+@main.command("status", short_help="Whether each node runs the plan.")
 @click.argument("plan_path", metavar="[PLAN]", type=click.Path(path_type=Path), required=False)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
 @click.option(
@@ -691,7 +691,7 @@ def _agent_ports(plan: Plan, fleet_path: Path | None) -> dict[str, int]:
 # Running the plan: the node agent, and `up` for a whole fleet on this one machine.
 
 
-@main.group("node", invoke_without_command=True)
+@main.group("node", invoke_without_command=True, short_help="Run the engines the plan places here.")
 @click.option("--node", "node_name", metavar="NAME", help="This machine's node name in the plan.")
 @click.option("--plan", "plan_path", type=click.Path(path_type=Path), help="Plan file to follow.")
 @click.option("--gateway", "gateway_url", metavar="URL", help="Follow the plan this gateway serves.")
@@ -786,7 +786,7 @@ def node_status_command(agent_url: str) -> None:
         click.echo(line)
 
 
-@main.command("up")
+@main.command("up", short_help="Run a catalogue on this machine alone.")
 @click.argument("catalog", type=click.Path(path_type=Path), default=Path("examples/local"), required=False)
 @click.option("--bind", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT", help="The gateway.")
 @click.option("--status-bind", default="127.0.0.1:9100", show_default=True, metavar="HOST:PORT")
@@ -835,7 +835,7 @@ def up_command(
 # Other orchestrators: the plan rendered into their files. `fetch` runs in their containers.
 
 
-@main.group("render")
+@main.group("render", short_help="Write the plan as another orchestrator's files.")
 def render_group() -> None:
     """Write the plan as another orchestrator's files."""
 
@@ -920,7 +920,7 @@ def render_kubernetes_command(
     click.echo(f"Wrote {len(files)} file(s) to {out_dir}.", err=True)
 
 
-@main.command("fetch")
+@main.command("fetch", short_help="Download a model's weights for an engine.")
 @click.argument("source")
 @click.option(
     "--into",

@@ -292,3 +292,11 @@ def test_status_without_a_plan_reads_the_one_up_serves_in_this_folder(llmgw, tmp
     )
     found = llmgw("status", "--json", cwd=tmp_path)
     assert found.code == 0 and json.loads(found.stdout)["plan"].startswith("sha256:"), found
+
+
+def test_every_command_summary_fits_the_help_page(llmgw) -> None:
+    """`llmgw --help` cut every summary with '...' (`deploy  Send PLAN to a running gateway
+    (token from...`): each says what it does in a line that fits."""
+    run = llmgw("--help")
+    commands = run.stdout.split("Commands:", 1)[1]
+    assert "..." not in commands, commands
