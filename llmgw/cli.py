@@ -551,6 +551,18 @@ def _key_lines(tenants: list[Tenant]) -> list[str]:
     help="Its share of a busy model beside keys of its priority [1].",
 )
 @click.option(
+    "--budget",
+    default=None,
+    metavar="TOKENS/PERIOD",
+    help="Tokens per day, week or month, e.g. 5000000/month [no budget].",
+)
+@click.option(
+    "--warn-at",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=None,
+    help="With --budget: log a warning when this fraction of it is spent.",
+)
+@click.option(
     "--catalog",
     "catalog",
     type=click.Path(path_type=Path),
@@ -566,16 +578,40 @@ def keys_add_command(
     expires: datetime.datetime | None,
     priority: str | None,
     share: float | None,
+    budget: str | None,
+    warn_at: float | None,
     catalog: Path | None,
 ) -> None:
     """Make a new random key for NAME, append its hash to keys.yaml, and print the key once."""
+    tokens, _, every = (budget or "").partition("/")
+    if budget is not None and (
+        not tokens.isdigit() or int(tokens) < 1 or every not in ("day", "week", "month")
+    ):
+        raise click.BadParameter(
+            f"{budget!r} is not a budget; write tokens per period, as 5000000/month (day, week or month)",
+            param_hint="--budget",
+        )
+    if warn_at is not None and budget is None:
+        raise click.BadParameter(
+            "--warn-at needs --budget: it is a fraction of the budget", param_hint="--warn-at"
+        )
     if not key_name_is_valid(name):
         raise click.BadParameter(
             "use letters, digits, '.', '_' or '-' (it labels metrics)", param_hint="NAME"
         )
     patterns = [m.strip() for m in (models or "").split(",") if m.strip()]
     _check_models_exist(patterns, catalog)
-    key = add_key(keys_path, name, patterns, rpm, tpm, expires.date() if expires else None, priority, share)
+    key = add_key(
+        keys_path,
+        name,
+        patterns,
+        rpm,
+        tpm,
+        expires.date() if expires else None,
+        priority,
+        share,
+        budget=(int(tokens), every, warn_at) if budget is not None else None,
+    )
     click.echo(key)
     click.echo(
         f"llmgw keys: added '{name}' to {keys_path}. The key above is shown this once and stored "

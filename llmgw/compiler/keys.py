@@ -256,6 +256,7 @@ def add_key(
     expires: dt.date | None = None,
     priority: str | None = None,
     share: float | None = None,
+    budget: tuple[int, str, float | None] | None = None,
 ) -> str:
     """Append a new key's entry to `path` (made if missing), comments kept; the key itself,
     which is stored nowhere."""
@@ -291,6 +292,12 @@ def add_key(
         entry["priority"] = priority
     if share is not None:
         entry["share"] = int(share) if share == int(share) else share
+    if budget is not None:
+        tokens, every, warn_at = budget
+        entry["budget"] = CommentedMap(tokens=tokens, every=every)
+        if warn_at is not None:
+            entry["budget"]["warn_at"] = warn_at
+        entry["budget"].fa.set_flow_style()
     keys.append(entry)
     out = io.StringIO()
     yaml.dump(doc, out)

@@ -261,3 +261,12 @@ def test_a_key_whose_models_all_bound_their_answers_is_not_warned(tmp_path: Path
     (tmp_path / "keys.yaml").write_text(f"keys:\n  - name: team\n    sha256: {A}\n    tpm: 1000\n")
     found = lint_keys(tmp_path / "keys.yaml", lint(catalog, fleet).entries)
     assert [f for f in found if f.rule == "keys-unbounded"] == []
+
+
+def test_keys_add_writes_a_budget_the_gateway_reads(llmgw, tmp_path: Path) -> None:
+    run = llmgw("keys", "add", "team", "--budget", "5000000/month", "--warn-at", "0.8", cwd=tmp_path)
+    assert run.code == 0, run
+    (tenant,) = read_keys_file(tmp_path / "keys.yaml").values()
+    assert tenant.budget is not None and (tenant.budget.tokens, tenant.budget.every) == (5000000, "month")
+    bad = llmgw("keys", "add", "other", "--budget", "lots", cwd=tmp_path)
+    assert bad.code == 2 and "5000000/month" in bad.stderr, bad
