@@ -29,6 +29,7 @@ from llmgw.compiler.keys import (
 from llmgw.compiler.lint import LintResult, lint, read_fleet
 from llmgw.engines import names
 from llmgw.errors import FleetError, LlmgwError, UsageError
+from llmgw.findings import Finding
 from llmgw.gitops.report import REPORTERS
 from llmgw.gitops.report.diff_formats import DIFF_REPORTERS
 from llmgw.gitops.report.inspect_formats import INSPECT_REPORTERS
@@ -139,7 +140,7 @@ def lint_command(
         sys.exit(EXIT_CANNOT_RUN)
     reporter(result.findings, out, color=_use_color(out))
     if fmt == "text":
-        click.echo(_summary(result), err=True)
+        click.echo(_summary(result, _keys_file(keys_path)), err=True)
     sys.exit(_lint_exit_code(result, strict))
 
 
@@ -150,12 +151,22 @@ def _keys_file(keys_path: Path | None) -> Path | None:
     return keys_path
 
 
-def _summary(result: LintResult) -> str:
-    errors, warnings = result.counts()
+def _summary(result: LintResult, keys: Path | None = None) -> str:
+    """What was checked and what was found, each file's findings said with it: a keys.yaml
+    error was once counted as a model file's."""
     files = result.files_checked
-    if not errors and not warnings:
-        return f"{files} model file(s) checked: no findings."
-    return f"{files} model file(s) checked: {errors} error(s), {warnings} warning(s)."
+    checked = f"{files} model file(s)" + (f" and {keys}" if keys is not None else "")
+    if not result.findings:
+        return f"{checked} checked: no findings."
+    in_keys = [f for f in result.findings if keys is not None and Path(f.file) == keys]
+    in_models = [f for f in result.findings if f not in in_keys]
+
+    def counted(findings: list[Finding]) -> str:
+        errors = sum(f.severity == "error" for f in findings)
+        return f"{errors} error(s), {len(findings) - errors} warning(s)"
+
+    said = f"{checked} checked: {counted(in_models)} in the catalogue"
+    return said + (f", {counted(in_keys)} in {keys}." if in_keys else ".")
 
 
 def _lint_exit_code(result: LintResult, strict: bool) -> int:

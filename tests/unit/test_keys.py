@@ -20,9 +20,7 @@ B = "b" * 64
 
 
 def lint_of(tmp_path: Path, keys: str) -> list[str]:
-    catalog, fleet = write_catalog(
-        tmp_path, {"m.yaml": model_yaml(extra="aliases: [default]\n")}
-    )
+    catalog, fleet = write_catalog(tmp_path, {"m.yaml": model_yaml(extra="aliases: [default]\n")})
     (tmp_path / "keys.yaml").write_text(keys)
     entries = lint(catalog, fleet).entries
     found = lint_keys(tmp_path / "keys.yaml", entries, today=dt.date(2026, 6, 1))
@@ -96,8 +94,9 @@ def test_keys_add_refuses_a_model_the_catalogue_lacks_and_writes_nothing(llmgw, 
 def test_keys_add_prints_the_key_once_and_keeps_comments(llmgw, tmp_path: Path) -> None:
     path = tmp_path / "keys.yaml"
     path.write_text(f"# who may call\nkeys:\n  # search\n  - name: search\n    sha256: {A}\n")
-    run = llmgw("keys", "add", "chat", "--models", "default,llama-*", "--rpm", "60", "--tpm", "1000",
-                cwd=tmp_path)
+    run = llmgw(
+        "keys", "add", "chat", "--models", "default,llama-*", "--rpm", "60", "--tpm", "1000", cwd=tmp_path
+    )
     assert run.code == 0, run
     key = run.stdout.strip()
     assert key.startswith("sk-llmgw-") and "shown this once" in run.stderr
@@ -270,3 +269,13 @@ def test_keys_add_writes_a_budget_the_gateway_reads(llmgw, tmp_path: Path) -> No
     assert tenant.budget is not None and (tenant.budget.tokens, tenant.budget.every) == (5000000, "month")
     bad = llmgw("keys", "add", "other", "--budget", "lots", cwd=tmp_path)
     assert bad.code == 2 and "5000000/month" in bad.stderr, bad
+
+
+def test_lints_summary_counts_a_keys_yaml_error_as_the_keys_files(llmgw, tmp_path: Path) -> None:
+    write_catalog(tmp_path, {"m.yaml": model_yaml()})
+    (tmp_path / "keys.yaml").write_text("keys:\n  - name: a\n    sha256: nope\n")
+    run = llmgw("lint", cwd=tmp_path)
+    assert run.code == 1, run
+    assert "0 error(s), 0 warning(s) in the catalogue, 1 error(s), 0 warning(s) in keys.yaml" in run.stderr, (
+        run.stderr
+    )
