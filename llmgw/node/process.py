@@ -68,8 +68,8 @@ class EngineProcess:
 
     @classmethod
     def spawn(cls, argv: tuple[str, ...], env: dict[str, str], log: Path) -> EngineProcess:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
+        private_folder(log.parent)
+        with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
             # O_APPEND, so the agent can cap the file by truncating it while the engine writes.
             popen = subprocess.Popen(
                 argv,
@@ -134,11 +134,19 @@ def _safe(key: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in key)
 
 
+def private_folder(folder: Path) -> None:
+    """A folder of the agent's alone (0700), as its token and credential files are: an
+    engine's log and record say what it runs and where its files are."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+
+
 def save_record(state_dir: Path, record: Record) -> None:
     path = record_path(state_dir, record.key)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(record)))
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(json.dumps(asdict(record)))
     os.replace(tmp, path)
 
 
@@ -182,7 +190,8 @@ def cap_log(log: Path, limit: int) -> None:
         if log.stat().st_size <= limit:
             return
         old = log.with_name(log.name + ".1")
-        with log.open("rb") as src, old.open("wb") as dst:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        with log.open("rb") as src, os.fdopen(os.open(old, flags, 0o600), "wb") as dst:
             while block := src.read(1 << 20):
                 dst.write(block)
         os.truncate(log, 0)

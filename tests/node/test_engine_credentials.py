@@ -112,3 +112,21 @@ def test_a_node_token_from_a_file_opens_its_own_agent_and_no_other(tmp_path: Pat
             assert answer.status_code == 200, answer.text
     finally:
         agent.stop()
+
+
+def test_the_agents_logs_and_records_are_its_own(tmp_path: Path) -> None:
+    """An engine's log and record say what it runs and where its files are: 0600 in 0700
+    folders, as the token and credential files are (they were 0644 in 0755)."""
+    fleet = Fleet(tmp_path / "fleet", others=False, memory_gb=2)
+    agent = Agent(fleet, stand_in_bin(tmp_path / "bin", "llama-server"), LLMGW_AGENT_TOKEN=TOKEN)
+    fleet.plan({"a.yaml": chat_model("a")})
+    agent.start()
+    try:
+        agent.wait_state("a", "ready")
+        for folder in ("logs", "replicas"):
+            path = agent.state_dir / folder
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, folder
+            for file in path.iterdir():
+                assert stat.S_IMODE(os.stat(file).st_mode) == 0o600, file
+    finally:
+        agent.stop()

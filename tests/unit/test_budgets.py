@@ -183,3 +183,16 @@ def test_keys_list_on_a_corrupt_state_file_says_which_file_and_what_to_do(llmgw,
     )
     run = llmgw("keys", "list", "--file", "keys.yaml", cwd=tmp_path, LLMGW_STATE_DIR=str(tmp_path / "state"))
     assert run.code == 2 and STATE_FILE_NAME in run.stderr and "Traceback" not in run.stderr, run
+
+
+def test_the_state_file_is_the_gateways_alone(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from llmgw.gateway.request.limits import STATE_FILE_NAME
+
+    (tmp_path / "metrics").mkdir()
+    LocalLimiter(tmp_path / "metrics", tmp_path / "state").admit(Tenant("t", budget=Budget(10, "day")))
+    for name in os.listdir(tmp_path / "state"):
+        if name.startswith(STATE_FILE_NAME):
+            assert stat.S_IMODE(os.stat(tmp_path / "state" / name).st_mode) == 0o600, name

@@ -213,6 +213,10 @@ class LocalLimiter:
         self.db.execute("CREATE INDEX IF NOT EXISTS used_key_at ON used (key, at)")
         self.state_path = (state or directory) / STATE_FILE_NAME
         self.state_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The spend and usage of every key: readable by the gateway alone (SQLite gives its
+        # -wal and -shm files the database's mode).
+        if not self.state_path.exists():
+            os.close(os.open(self.state_path, os.O_WRONLY | os.O_CREAT, 0o600))
         # Attached, so one admission's transaction covers the minute's counts and the spend.
         self.db.execute("ATTACH DATABASE ? AS state", (str(self.state_path),))
         self.db.execute("PRAGMA state.journal_mode=WAL")
