@@ -114,3 +114,13 @@ def test_a_fallback_gets_the_request_capped_at_its_own_max_output(
     assert answer.status_code == 200 and answer.headers["x-llmgw-fallback"] == "small", answer.text
     seen = engine_b.stats()["max_tokens_seen"][-1]
     assert seen == 100, f"the fallback was sent max_tokens {seen}, past its max_output of 100"
+
+
+def test_a_key_sees_only_the_fallbacks_it_may_use(gw: Gateway) -> None:
+    """`narrow` may use `dead` but not its fallback `backup`: its listing names no model it
+    cannot reach."""
+    listed = httpx.get(
+        gw.url + "/v1/models", headers={"Authorization": f"Bearer {NARROW}"}, timeout=10
+    ).json()
+    by_id = {m["id"]: m for m in listed["data"]}
+    assert "backup" not in by_id and "fallbacks" not in by_id["dead"], by_id["dead"]

@@ -7,6 +7,7 @@ import hmac
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import falcon
@@ -24,7 +25,7 @@ from llmgw.gateway.state import metrics
 from llmgw.gateway.state.keys import Keys, Tenant, rfc3339
 from llmgw.gateway.state.loaded import Loaded
 from llmgw.gateway.state.reload import PlanState, PlanWriteError
-from llmgw.gateway.state.routes import DnsGroup
+from llmgw.gateway.state.routes import DnsGroup, RouteTable
 from llmgw.gateway.state.workers import Workers
 from llmgw.plan import Plan, dump_plan
 
@@ -42,8 +43,9 @@ class Models:
         if (tenant is None or tenant.models is None) and not on_demand:
             resp.data = table.listing_body
             return
-        # A key limited to some models sees only those, as if the rest were not served.
-        listing = [m.listing for m in usable_models(tenant, table)]
+        # A key limited to some models sees only those, as if the rest were not served: in the
+        # list, and among each model's fallbacks.
+        listing = [_fallbacks_for(m.listing, tenant, table) for m in usable_models(tenant, table)]
         if on_demand and self.loaded is not None:
             listing = with_loaded(listing, table.plan, self.loaded.loaded_now(table.plan))
         resp.data = json.dumps({"object": "list", "data": listing}).encode()
@@ -55,6 +57,25 @@ class Models:
         check_model(tenant, model, table)
         resp.content_type = falcon.MEDIA_JSON
         resp.data = table.model_bodies[model_id]
+
+
+def _fallbacks_for(listing: Mapping[str, Any], tenant: Tenant | None, table: RouteTable) -> Mapping[str, Any]:
+    """A model's listing with only the fallbacks the key may use, and none said when none is."""
+    named = listing.get("fallbacks")
+    if not named or tenant is None or tenant.models is None:
+        return listing
+    usable = []
+    for name in named:
+        try:
+            other = table.lookup(name)  # by name or alias, as the catalogue may say
+        except ApiError:
+            continue
+        if tenant.may_use(other.names()):
+            usable.append(name)
+    if usable == list(named):
+        return listing
+    trimmed = {k: v for k, v in listing.items() if k != "fallbacks"}
+    return {**trimmed, "fallbacks": usable} if usable else trimmed
 
 
 def with_loaded(listing: list[Any], plan: Plan, loaded: frozenset[str]) -> list[Any]:
