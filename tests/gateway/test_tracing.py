@@ -79,9 +79,7 @@ def traced(
         yield gw
 
 
-def post(
-    gw: Gateway, path: str, body: dict[str, object], key: str = KEY
-) -> tuple[httpx.Response, str, str]:
+def post(gw: Gateway, path: str, body: dict[str, object], key: str = KEY) -> tuple[httpx.Response, str, str]:
     """POST with a traceparent of a fresh trace: its trace and parent span ids, to find the span."""
     trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
     answer = httpx.post(
@@ -264,3 +262,19 @@ def test_without_otel_variables_the_sdk_is_never_imported() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_what_a_client_sends_is_cut_short_in_spans(traced: Gateway, receiver: Receiver) -> None:
+    """A 200 KB model name made a 200 KB span name, and 100,000 stop sequences a 500 KB span:
+    with a collector that never answered, 300 such requests grew a worker by 430 MB."""
+    answer, trace_id, _ = post(traced, "/v1/chat/completions", {"model": "m" * 200_000, "messages": []})
+    assert answer.status_code == 404
+    span = span_of(receiver, trace_id)
+    assert len(span.name) < 400 and len(str(span.attributes["gen_ai.request.model"])) < 400
+    answer, trace_id, _ = post(
+        traced,
+        "/v1/chat/completions",
+        {"model": "gemma", "messages": [{"role": "user", "content": "hi"}], "stop": ["x"] * 100_000},
+    )
+    stops = span_of(receiver, trace_id).attributes.get("gen_ai.request.stop_sequences")
+    assert stops is not None and len(stops) <= 16, len(stops or [])

@@ -83,7 +83,7 @@ def _set_up() -> _Tracing | bool:
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+        from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
     except ImportError as exc:
         log.error(
@@ -94,7 +94,13 @@ def _set_up() -> _Tracing | bool:
         return False
     # The SDK reads the endpoint, headers, timeout, sampler and queue sizes from OTEL_*.
     name = os.environ.get("OTEL_SERVICE_NAME") or "llmgw"
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    # Every attribute bounded, not only the queue's length: a 200 KB model name made a 200 KB
+    # span, and with a collector that never answered, 300 of them grew a worker by 430 MB.
+    limit = int(os.environ.get("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT") or ATTRIBUTE_LIMIT)
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": name}),
+        span_limits=SpanLimits(max_attribute_length=limit),
+    )
     exporter = cast(SpanExporter, _CountedExporter(OTLPSpanExporter()))
     provider.add_span_processor(cast(SpanProcessor, _Counted(BatchSpanProcessor(exporter))))
     capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").lower() == "true"
@@ -159,6 +165,18 @@ class _Counted:
         return bool(self.processor.force_flush(timeout_millis))
 
 
+# What a client sends that a span repeats (a model name, stop sequences) is cut to this, and
+# a list to MAX_LIST items; any attribute, captured content included, to ATTRIBUTE_LIMIT
+# characters (OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT overrides it).
+NAME_CHARS = 256
+MAX_LIST = 16
+ATTRIBUTE_LIMIT = 16384
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= NAME_CHARS else text[:NAME_CHARS] + "…"
+
+
 def begin(
     kind: str, requested: str, request: Mapping[str, Any], headers: Mapping[str, str], key: str | None
 ) -> None:
@@ -170,6 +188,7 @@ def begin(
     from opentelemetry.trace import SpanKind
 
     operation = APIS[kind].trace_operation if kind in APIS else kind
+    requested = _short(requested)
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": operation,
         "gen_ai.request.model": requested,
@@ -180,7 +199,8 @@ def begin(
             attributes[name] = value
     stop = request.get("stop")
     if isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        attributes["gen_ai.request.stop_sequences"] = [stop] if isinstance(stop, str) else stop
+        stops = [stop] if isinstance(stop, str) else stop
+        attributes["gen_ai.request.stop_sequences"] = [_short(s) for s in stops[:MAX_LIST]]
     if key is not None:
         attributes["llmgw.key"] = key  # the key's name from keys.yaml, never the key
     if tracing.capture:
