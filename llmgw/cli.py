@@ -225,14 +225,26 @@ def plan_command(
     errors, _ = result.counts()
     if errors:
         REPORTERS["text"](result.findings, sys.stderr, color=_use_color(sys.stderr))
-        click.echo(f"{_summary(result)} No plan written.", err=True)
+        keys = _keys_file(keys_path)
+        click.echo(f"{_summary(result, keys)} No plan written.", err=True)
+        if keys is not None and any(Path(f.file) == keys for f in result.findings):
+            # A keys.yaml made for another catalogue, sitting in this folder, once stopped the
+            # first screen's `llmgw plan` with no word of which file it had read.
+            click.echo(
+                f"llmgw: {keys} was read as this catalogue's keys file because it is in this folder; "
+                "fix it, or name another with --keys FILE.",
+                err=True,
+            )
         sys.exit(EXIT_FINDINGS)
     text = dump_plan(build_plan(result, previous=previous, target=kubernetes))
     if out_path == "-":
         click.echo(text, nl=False)
     else:
         _write_atomically(Path(out_path), text)
-        click.echo(f"Wrote {out_path}: {len(result.entries)} model(s). {_summary(result)}", err=True)
+        click.echo(
+            f"Wrote {out_path}: {len(result.entries)} model(s). {_summary(result, _keys_file(keys_path))}",
+            err=True,
+        )
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")

@@ -76,6 +76,7 @@ def test_plan_refuses_a_keys_file_lint_refuses_and_writes_nothing(llmgw, tmp_pat
     assert run.code == 1, run
     assert "keys.yaml:4:14: error[keys-no-model] 'nope' matches no model" in run.stderr, run.stderr
     assert "No plan written" in run.stderr and not (tmp_path / "plan.json").exists(), "plan runs lint"
+    assert "keys.yaml was read as this catalogue's keys file" in run.stderr and "--keys FILE" in run.stderr
     (tmp_path / "keys.yaml").rename(tmp_path / "tenants.yaml")
     given = llmgw("plan", "--keys", "tenants.yaml", cwd=tmp_path)
     assert given.code == 1 and "tenants.yaml:4:14: error[keys-no-model]" in given.stderr, given
