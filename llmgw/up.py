@@ -411,11 +411,17 @@ def _banner(
         lines.append(f"  logs       {logs['gateway']} (requests), {logs['agent']}   (--logs shows them here)")
     if always:
         lines.append(
-            f"{', '.join(always)}: answers 503 until its engine has loaded (the line below says when)."
+            f"{', '.join(always)}: "
+            + ("answers" if len(always) == 1 else "each answers")
+            + " 503 until its engine has loaded (the line below says when)."
         )
     if lazy:
         # Not a 503: a request to an on-demand model is held while its engine starts.
-        lines.append(f"{', '.join(lazy)}: starts on its first request, which waits while the engine loads.")
+        lines.append(
+            f"{', '.join(lazy)}: "
+            + ("starts" if len(lazy) == 1 else "each starts")
+            + " on its first request, which waits while the engine loads."
+        )
     lines.append("Ctrl-C stops everything.")
     return "\n".join(lines) + "\n"
 

@@ -164,7 +164,7 @@ class Runner:
 
     def start(self, adopted: Record | None) -> None:
         if self.on_demand and adopted is None:
-            self._set("idle", "not started yet: starts on its first request")
+            self._set("idle", "not started yet; it starts on its first request")
             return
         self.idle_since = time.monotonic()  # an adopted engine's idle time starts now
         self.task = asyncio.get_running_loop().create_task(
