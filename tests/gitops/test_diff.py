@@ -257,7 +257,17 @@ def test_the_args_themselves_are_shown_however_they_arrive() -> None:
     assert '    profile cpu args: [] → ["--log-file", "/tmp/x"]' in text(old, changed).splitlines()
     assert '    profile cpu args: ["--path", "/srv"]' in text(old, added_model).splitlines()
     profile_lines = text(old, added_profile).splitlines()
-    assert '    + profile fast (llamacpp) args: ["--rpc", 10.0.0.9:50052]' in profile_lines
+    assert '    + profile fast (llamacpp) args: ["--rpc", "10.0.0.9:50052"]' in profile_lines
     for new in (changed, added_model, added_profile):
         table = diff_markdown(diff_plans(old, new)).split("```")[0]
         assert "/tmp/x" in table or "/srv" in table or "10.0.0.9" in table, table
+
+
+def test_args_are_quoted_one_way_in_a_list() -> None:
+    """`["--task", embed]` and `["--parallel", 1]` mixed quoted and bare strings (newcomer
+    round 4): a list of args is quoted throughout."""
+    from llmgw.gitops.report.diff_text import value
+
+    assert value(["--task", "embed"]) == '["--task", "embed"]'
+    assert value(["--parallel", "1"]) == '["--parallel", "1"]'
+    assert value(["a", "b"]) == "[a, b]"

@@ -203,14 +203,23 @@ def value(v: Any) -> str:
     if isinstance(v, str):
         return json.dumps(v, ensure_ascii=False)
     if isinstance(v, list):
+        if v and all(isinstance(x, str) for x in v) and not all(_plain(x) for x in v):
+            # One way for a list: `["--parallel", 1]` read as a flag and a number, though the
+            # engine is handed the text "1" either way.
+            return "[" + ", ".join(json.dumps(x, ensure_ascii=False) for x in v) + "]"
         return "[" + ", ".join(_item(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{_item(k)}: {_item(x)}" for k, x in sorted(v.items())) + "}"
     return json.dumps(v, ensure_ascii=False, sort_keys=True)
 
 
+def _plain(text: str) -> bool:
+    """A string that reads as itself unquoted: not a number, not something YAML would type."""
+    return bool(_BARE.match(text)) and not text.replace(".", "", 1).isdigit()
+
+
 def _item(v: Any) -> str:
-    if isinstance(v, str) and _BARE.match(v):
+    if isinstance(v, str) and _plain(v):
         return v
     return value(v)
 
