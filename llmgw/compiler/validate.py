@@ -171,6 +171,17 @@ def _sentence(error: ValidationError, path: tuple[str | int, ...], field: str) -
     return said if said is not None else f"{field or 'the file'}: {error.message}."
 
 
+def _write_instead(wants: list[str], instance: object, field: str) -> str:
+    """What to write when a number stands where text belongs: YAML typed it, so quoting it is
+    the fix, and for a duration, its unit too (`idle_stop: 90` means nothing without one)."""
+    if wants != ["string"] or not isinstance(instance, int | float) or isinstance(instance, bool):
+        return "."
+    text = f"{instance:g}" if isinstance(instance, float) else str(instance)
+    if field.endswith("idle_stop"):
+        return f"; write '{text}s' (or minutes as '{text}m')."
+    return f"; quote it: '{text}'."
+
+
 def _value_sentence(error: ValidationError, field: str) -> str | None:
     """A value of the wrong kind, size or count; None for what has no sentence of its own."""
     if error.validator == "enum":
@@ -182,7 +193,9 @@ def _value_sentence(error: ValidationError, field: str) -> str | None:
         want = error.validator_value
         wants = want if isinstance(want, list) else [want]
         want_text = " or ".join(_YAML_WORDS.get(w, f"a {w}") for w in wants)
-        return f"{field or 'the file'} must be {want_text}, not {_describe(error.instance)}."
+        return f"{field or 'the file'} must be {want_text}, not {_describe(error.instance)}" + _write_instead(
+            wants, error.instance, field
+        )
     if error.validator in ("minimum", "exclusiveMinimum", "maximum"):
         bound = error.validator_value
         need = {

@@ -86,11 +86,14 @@ def test_unknown_engine_suggests_the_right_spelling(tmp_path):
 
 
 def test_every_finding_is_reported_in_one_run(tmp_path):
-    result = run(tmp_path, {
-        "a.yaml": "name: [unclosed\n",
-        "b.yaml": model_yaml("b", extra="replica: 2\n"),
-        "c.yaml": model_yaml("c", source="hf://o/r/model-00001-of-00004.gguf"),
-    })
+    result = run(
+        tmp_path,
+        {
+            "a.yaml": "name: [unclosed\n",
+            "b.yaml": model_yaml("b", extra="replica: 2\n"),
+            "c.yaml": model_yaml("c", source="hf://o/r/model-00001-of-00004.gguf"),
+        },
+    )
     assert {f.rule for f in result.findings} >= {"yaml", "unknown-field", "sharded-source"}
     assert {f.file.rsplit("/", 1)[-1] for f in result.findings} == {"a.yaml", "b.yaml", "c.yaml"}
 
@@ -103,8 +106,9 @@ def test_an_endpoint_the_gateway_could_not_route_is_refused_by_lint(tmp_path):
     assert "http://HOST:PORT" in finding.message
 
 
-@pytest.mark.parametrize(("value", "kind"), [("._", "a number"), ("2001-02-30", "a date"),
-                                             ('!!int "x"', "an integer")])
+@pytest.mark.parametrize(
+    ("value", "kind"), [("._", "a number"), ("2001-02-30", "a date"), ('!!int "x"', "an integer")]
+)
 def test_a_value_yaml_types_but_cannot_build_is_a_finding_at_its_place(tmp_path, value, kind):
     result = run(tmp_path, {"a.yaml": f"name: a\ncontext_length: {value}\n"})
     [finding] = by_rule(result, "yaml")
@@ -113,8 +117,9 @@ def test_a_value_yaml_types_but_cannot_build_is_a_finding_at_its_place(tmp_path,
 
 
 def test_deeply_nested_brackets_are_findings_not_a_crash(tmp_path):
-    result = run(tmp_path, {"a.yaml": "a: " + "[" * 20000 + "]" * 20000 + "\n",
-                            "b.yaml": "a: " + "[" * 20000 + "\n"})
+    result = run(
+        tmp_path, {"a.yaml": "a: " + "[" * 20000 + "]" * 20000 + "\n", "b.yaml": "a: " + "[" * 20000 + "\n"}
+    )
     # Balanced or not, past 64 deep it is refused before the C composer could recurse.
     for name in ("a.yaml", "b.yaml"):
         [finding] = [f for f in result.findings if f.file.endswith(name)]
@@ -124,8 +129,11 @@ def test_deeply_nested_brackets_are_findings_not_a_crash(tmp_path):
 
 
 def test_schema_messages_say_what_to_write_instead(tmp_path):
-    text = model_yaml(extra="aliases: [a, a]\n", profile_extra="    weight: -1\n").replace(
-        "replicas: 1", "replicas: 0").replace("  - name: main", "  - name: GPU")
+    text = (
+        model_yaml(extra="aliases: [a, a]\n", profile_extra="    weight: -1\n")
+        .replace("replicas: 1", "replicas: 0")
+        .replace("  - name: main", "  - name: GPU")
+    )
     result = run(tmp_path, {"a.yaml": text})
     messages = [f.message for f in by_rule(result, "schema")]
     assert "replicas is 0; it must be at least 1." in messages
@@ -166,25 +174,35 @@ def test_duplicate_first_key_of_a_list_item_names_the_first_line(tmp_path):
 
 def test_a_schema_mistake_does_not_hide_the_files_other_findings(tmp_path):
     shard = "hf://org/r-GGUF/r-00001-of-00002.gguf"
-    result = run(tmp_path, {
-        "a.yaml": model_yaml("same"),
-        "b.yaml": model_yaml("same", source=shard, extra='replica: 2\ndescription: ""\n'),
-    })
+    result = run(
+        tmp_path,
+        {
+            "a.yaml": model_yaml("same"),
+            "b.yaml": model_yaml("same", source=shard, extra='replica: 2\ndescription: ""\n'),
+        },
+    )
     rules = sorted(f.rule for f in result.findings if f.file.endswith("b.yaml"))
     assert rules == ["duplicate-name", "schema", "sharded-source", "unknown-field"]
 
 
 def test_a_missing_required_key_stops_the_checks_of_that_file_only(tmp_path):
-    result = run(tmp_path, {"a.yaml": model_yaml().replace("context_length: 8192\n", ""),
-                            "b.yaml": model_yaml("b", source="hf://o/r/x.pt")})
+    result = run(
+        tmp_path,
+        {
+            "a.yaml": model_yaml().replace("context_length: 8192\n", ""),
+            "b.yaml": model_yaml("b", source="hf://o/r/x.pt"),
+        },
+    )
     assert [f.rule for f in result.findings if f.file.endswith("a.yaml")] == ["schema"]
     assert [f.rule for f in result.findings if f.file.endswith("b.yaml")] == ["unreadable-format"]
 
 
 def test_an_empty_file_says_what_to_write(tmp_path):
     [finding] = run(tmp_path, {"a.yaml": ""}).findings
-    assert finding.message == ("the file is empty; write the fields it needs (name, source, "
-                               "context_length, profiles), or delete the file.")
+    assert finding.message == (
+        "the file is empty; write the fields it needs (name, source, "
+        "context_length, profiles), or delete the file."
+    )
 
 
 @pytest.mark.parametrize("value", ["!!bool x", '!!int ""', '!!float ""'])
@@ -219,8 +237,14 @@ def test_a_bad_optional_key_that_changes_meaning_is_not_set_aside(tmp_path):
 def test_a_value_ending_in_a_newline_fails_lint_rather_than_the_gateway(tmp_path, extra, profile_extra):
     # Python's `$` also matches before a final newline: these passed lint, and the gateway
     # then refused the plan they were in.
-    result = run(tmp_path, {"a.yaml": model_yaml(weights=None if profile_extra else 4_920_734_016,
-                                                  extra=extra, profile_extra=profile_extra)})
+    result = run(
+        tmp_path,
+        {
+            "a.yaml": model_yaml(
+                weights=None if profile_extra else 4_920_734_016, extra=extra, profile_extra=profile_extra
+            )
+        },
+    )
     assert by_rule(result, "schema"), f"a trailing newline passed lint: {result.findings}"
 
 
@@ -239,3 +263,17 @@ def test_every_anchored_schema_pattern_refuses_a_final_newline():
         for pattern in patterns(load_schema(name)):
             if pattern.endswith("$") or "$(" in pattern:
                 assert pattern.endswith(r"$(?!\n)"), f"{name}: {pattern} lets a final newline through"
+
+
+def test_a_number_where_text_belongs_says_what_to_write(tmp_path) -> None:
+    result = run(
+        tmp_path,
+        {
+            "m.yaml": model_yaml(
+                profile_extra="    args: [--parallel, 1]\n    start: on-demand\n    idle_stop: 90\n"
+            )
+        },
+    )
+    said = [f.message for f in by_rule(result, "schema")]
+    assert any("quote it: '1'" in m for m in said), said
+    assert any("write '90s'" in m for m in said), said
