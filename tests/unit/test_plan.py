@@ -235,3 +235,23 @@ def test_a_rerank_model_is_planned_least_loaded_and_llama_server_is_told_to_rera
     argv = engine_command(ranker, profile, profile.replicas[0], weights="/w/r.gguf", host="0.0.0.0").argv
     assert argv.count("--reranking") == 1, "without it llama-server answers 501 to every /v1/rerank"
     assert "--embeddings" not in argv
+
+
+def test_reverting_a_change_gives_back_the_first_plans_digest(tmp_path) -> None:
+    """A plan made over another records its digest (inputs.previous), which the digest leaves
+    out: the digest moves only when what the plan serves moves."""
+    from llmgw.compiler.build import build_plan
+    from llmgw.compiler.lint import lint
+    from llmgw.plan import parse_plan
+    from tests.conftest import write_catalog
+    from tests.unit.helpers import model_yaml
+
+    catalog, fleet = write_catalog(tmp_path, {"m.yaml": model_yaml()})
+    first = parse_plan(dump_plan(build_plan(lint(catalog, fleet))))
+    (catalog / "m.yaml").write_text(model_yaml(extra="description: now described\\n"))
+    changed = parse_plan(dump_plan(build_plan(lint(catalog, fleet, previous=first), previous=first)))
+    (catalog / "m.yaml").write_text(model_yaml())
+    reverted = parse_plan(dump_plan(build_plan(lint(catalog, fleet, previous=changed), previous=changed)))
+    assert changed.digest != first.digest
+    assert reverted.inputs.previous == changed.digest
+    assert reverted.digest == first.digest
