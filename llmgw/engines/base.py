@@ -96,10 +96,11 @@ class Engine(ABC):
     ) -> EngineCommand:
         """The command line for one replica, before the profile's own args."""
 
-    @abstractmethod
     def with_credential(self, command: EngineCommand, key_file: str, key: str) -> EngineCommand:
         """The command with the engine's own credential, so it answers only the gateway: read
-        from a file or the environment, never the command line, which `ps` shows anyone."""
+        from a file or the environment, never the command line, which `ps` shows anyone. An
+        engine that takes no key keeps its command, and answers whoever reaches its port."""
+        return command
 
     @abstractmethod
     def slots(self, args: tuple[str, ...]) -> int:

@@ -78,9 +78,17 @@ def test_the_plan_marks_on_demand_profiles_with_their_idle_time(tmp_path):
 
 
 def test_a_plan_without_on_demand_profiles_has_no_new_keys(tmp_path):
-    plan = plan_of(tmp_path, {"base.yaml": model("base", 5, start=None)})
+    unnamed = ONE_NODE.replace("    agent_port: 9200\n", "")
+    plan = plan_of(tmp_path, {"base.yaml": model("base", 5, start=None)}, fleet=unnamed)
     node = plan.doc["nodes"][0]
     assert "on_demand" not in node and "agent" not in node
+
+
+def test_a_node_whose_fleet_entry_names_its_agent_port_has_its_agent_in_the_plan(tmp_path):
+    """Where the gateway asks for its engines' credentials, on-demand replicas or not."""
+    plan = plan_of(tmp_path, {"base.yaml": model("base", 5, start=None)})
+    node = plan.doc["nodes"][0]
+    assert "on_demand" not in node and node["agent"] == "http://127.0.0.40:9200"
 
 
 def test_an_on_demand_replica_must_fit_beside_the_always_on_ones(tmp_path):
