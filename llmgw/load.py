@@ -23,6 +23,7 @@ from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from ruamel.yaml.resolver import VersionedResolver
 from ruamel.yaml.tag import Tag
 
+from llmgw.errors import UsageError
 from llmgw.findings import Finding, Severity
 from llmgw.nesting import too_deep_at, too_deep_sentence
 from llmgw.yaml_errors import yaml_error
@@ -247,6 +248,20 @@ def load_document(path: Path, display: str) -> tuple[Document | None, list[Findi
             )
         ]
     return parse_document(text, display)
+
+
+def parsed_or_refused(text: str, display: str, setting: str = "") -> Any:
+    """The data of a file a command or service reads whole, or UsageError with lint's own
+    sentence at file:line:column (and the setting that named the file, when one did)."""
+    doc, findings = parse_document(text, display)
+    errors = [f for f in findings if f.severity == "error"]
+    if not errors and doc is not None:
+        return doc.data
+    named = f" ({setting})" if setting else ""
+    if not errors:
+        raise UsageError(f"{display}{named}: it could not be read.")
+    first = errors[0]
+    raise UsageError(f"{display}:{first.line}:{first.column}{named}: {first.message}")
 
 
 def parse_document(text: str, display: str) -> tuple[Document | None, list[Finding]]:

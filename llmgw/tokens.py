@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.errors import UsageError
-from llmgw.load import parse_document
+from llmgw.load import parsed_or_refused
 
 
 def token_from(env: Mapping[str, str], name: str) -> str | None:
@@ -64,12 +64,7 @@ def agent_tokens_from(env: Mapping[str, str]) -> AgentTokens:
             f"LLMGW_AGENT_TOKENS_FILE={path} cannot be read ({exc}); point it at a YAML file of "
             "node name: token lines."
         ) from None
-    doc, findings = parse_document(text, path)
-    errors = [f for f in findings if f.severity == "error"]
-    if errors:
-        first = errors[0]
-        raise UsageError(f"{path}:{first.line}:{first.column} (LLMGW_AGENT_TOKENS_FILE): {first.message}")
-    data = doc.data if doc is not None else None
+    data = parsed_or_refused(text, path, "LLMGW_AGENT_TOKENS_FILE")
     if not isinstance(data, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and v for k, v in data.items()
     ):

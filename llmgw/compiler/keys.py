@@ -24,7 +24,7 @@ from llmgw.compiler.catalogue import Entry, catalogue_files
 from llmgw.compiler.validate import check_document
 from llmgw.errors import UsageError
 from llmgw.findings import Finding
-from llmgw.load import Document, load_document, parse_document
+from llmgw.load import Document, load_document, parsed_or_refused
 from llmgw.plan import Plan
 from llmgw.schema import dates_as_text, proves_valid
 
@@ -229,11 +229,10 @@ def _editable(yaml: YAML, text: str, path: Path) -> Any:
     """The file's round-trip document; UsageError for anything that keeps it from being edited.
     Read first with the bounded loader every reader of keys.yaml uses, so a file that nests too
     deeply or expands through aliases is refused before the round-trip loader sees it."""
-    _, findings = parse_document(text, str(path))
-    errors = [f for f in findings if f.severity == "error"]
-    if errors:
-        first = errors[0]
-        raise UsageError(f"{path}:{first.line}:{first.column}: {first.message} No key was added.")
+    try:
+        parsed_or_refused(text, str(path))
+    except UsageError as exc:
+        raise UsageError(f"{exc} No key was added.") from None
     try:
         return yaml.load(text)
     except YAMLError as exc:

@@ -28,7 +28,7 @@ from typing import Any
 
 from llmgw.atomic import file_signature, replace_file
 from llmgw.errors import UsageError
-from llmgw.load import MAX_FILE_BYTES, parse_document
+from llmgw.load import MAX_FILE_BYTES, parsed_or_refused
 from llmgw.schema import dates_as_text, first_error_path
 
 log = logging.getLogger("llmgw.gateway")
@@ -184,16 +184,8 @@ def _yaml(text: str, path: Path) -> Any:
             f"{path} (LLMGW_KEYS_FILE) is {len(text):,} characters, more than the "
             f"{MAX_FILE_BYTES:,} llmgw reads; a key's entry is a line or two."
         )
-    doc, findings = parse_document(text, str(path))
-    errors = [f for f in findings if f.severity == "error"]
-    if errors or doc is None:
-        first = errors[0] if errors else None
-        where = f"{path}:{first.line}:{first.column}" if first else str(path)
-        sentence = first.message if first else "it could not be read."
-        # lint's sentence, not the parser's states: the person reading /readyz fixes the
-        # file from it.
-        raise UsageError(f"{where} (LLMGW_KEYS_FILE): {sentence}")
-    return doc.data
+    # lint's sentence, not the parser's states: the person reading /readyz fixes the file from it.
+    return parsed_or_refused(text, str(path), "LLMGW_KEYS_FILE")
 
 
 def _check_schema(doc: Any, path: Path) -> None:

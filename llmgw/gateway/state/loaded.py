@@ -51,6 +51,7 @@ class Loaded:
         self.credentials: dict[str, str] = {}
         self.agents: frozenset[str] = frozenset()
         self.plan: Plan | None = None
+        self._nodes: tuple[str, dict[str, str]] = ("", {})  # plan digest, agent URL → node
         self.tokens = agent_tokens_from(os.environ)
 
     def took(self, endpoint: str) -> None:
@@ -124,11 +125,15 @@ class Loaded:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def _node_of(self, agent: str) -> str | None:
-        if self.plan is None:
+        """The node whose agent listens at `agent`: worked out once per plan, not per call."""
+        plan = self.plan
+        if plan is None:
             return None
-        urls = agent_urls(self.plan)
-        found = [n.name for n in self.plan.nodes if (n.agent or urls.get(n.name)) == agent.rstrip("/")]
-        return found[0] if found else None
+        if self._nodes[0] != plan.digest:
+            urls = agent_urls(plan)
+            by_agent = {(n.agent or urls[n.name]).rstrip("/"): n.name for n in reversed(plan.nodes)}
+            self._nodes = (plan.digest, by_agent)
+        return self._nodes[1].get(agent.rstrip("/"))
 
     def credential(self, endpoint: str) -> str | None:
         return self.credentials.get(endpoint)
